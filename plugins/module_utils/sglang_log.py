@@ -1,0 +1,670 @@
+"""Classify an SGLang server's start-up log: ready, starting, oom, crashed or hung.
+
+Pure standard library, no I/O: the readiness module feeds it journal lines as they arrive, the
+``moefleet diagnose`` command feeds it a saved log. One implementation for both (DESIGN.md).
+
+Signals follow SGLang's own log lines (python/sglang/srt/model_executor/model_runner.py,
+cuda_graph_runner.py, managers/scheduler.py, entrypoints/http_server.py):
+
+    Init torch distributed begin. / Init torch distributed ends. mem usage=...
+    Load weight begin. avail mem=... GB / Load weight end. ... avail mem=... GB
+    KV Cache is allocated. #tokens: ... / Memory pool end. avail mem=... GB
+    Capture cuda graph begin. ... / Capture cuda graph end. Time elapsed: ...
+    Uvicorn running on http://... / The server is fired up and ready to roll!
+
+A start-up failure in a scheduler child logs ``Scheduler hit an exception: Traceback ...`` and the
+parent ``Received sigquit from a child process``; the two can come in either order, and the same
+shape follows an OOM, a bad checkpoint or a NCCL failure, so the exception line decides, never the
+sigquit. The OOM phase comes from the traceback's frames first (load_model/create_weights →
+weight_load, init_memory_pool → kv_cache, CUDA-graph capture → cuda_graph, event_loop/run_batch →
+runtime) and from the last progress line the failing rank printed otherwise.
+
+Public API:
+
+    classify(lines, idle_seconds=None, hang_seconds=None) -> Verdict
+    LogFollower(started_at=None): .feed(line, now=None) -> Verdict, .verdict(now=None, hang_seconds=None),
+        .finish() -> Verdict, .phase, .last_progress_at, .pending_since, .lines_seen
+    parse_oom_message(text) -> dict | None
+    advice_for(state, phase=None, cause=None) -> str
+    split_line(raw) -> list[ParsedLine]
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+STATES = ("ready", "starting", "oom", "crashed", "hung")
+OOM_PHASES = ("weight_load", "kv_cache", "cuda_graph", "runtime")
+CAUSES = ("nccl", "port_in_use", "bad_weights", "unsupported_arch", "driver", "other")
+# Where a start can stand, in order; a hang names the one it stopped in.
+PROGRESS_PHASES = ("launch", "nccl_init", "weight_load", "kv_cache", "cuda_graph", "warmup", "ready")
+
+# --- line prefixes -------------------------------------------------------------------------------
+
+# journalctl's short / short-iso / short-precise export: "Nov 29 16:00:01 host python3[123]: "
+_JOURNAL_PREFIX = re.compile(
+    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
+    r" \S+ [^\s:\[]+(?:\[\d+\])?: "
+)
+# a bare timestamp put in front by a log collector (docker logs -t and its UIs)
+_COLLECTOR_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
+# SGLang's own prefix: "[2025-01-01 00:00:00 TP0] ", "[... DP0 TP0 EP0] ", "[... TP0 PP0] ",
+# "[06-09 17:46:28] "
+_SGLANG_PREFIX = re.compile(
+    r"\[(?P<ts>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ?"
+)
+_RANK_TOKEN = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    """One log line with collector prefixes removed and SGLang's rank prefix parsed."""
+
+    text: str  # the line without journal/collector prefix (what an operator would grep)
+    message: str  # the text after SGLang's "[time ranks] " prefix, or the whole text
+    rank: str | None  # "TP0", "DP0 TP0", "TP0 PP1"; None for launcher lines and raw output
+    tp_rank: int | None
+
+
+def split_line(raw: str) -> list[ParsedLine]:
+    """Split one raw line (tqdm redraws with carriage returns) and parse each piece."""
+    out = []
+    for piece in raw.rstrip("\n").split("\r"):
+        text = _JOURNAL_PREFIX.sub("", piece, count=1)
+        text = _COLLECTOR_PREFIX.sub("", text, count=1).rstrip()
+        match = _SGLANG_PREFIX.search(text)
+        rank = tp_rank = None
+        message = text
+        if match and (match.start() == 0 or "Scheduler hit an exception" in text[match.end() :]):
+            message = text[match.end() :]
+            ranks = match.group("ranks").strip()
+            rank = ranks or None
+            for name, number in _RANK_TOKEN.findall(ranks):
+                if name == "TP":
+                    tp_rank = int(number)
+        out.append(ParsedLine(text=text, message=message, rank=rank, tp_rank=tp_rank))
+    return out
+
+
+# --- what the lines mean -------------------------------------------------------------------------
+
+# (regex on the message, phase reached once it is printed)
+_MILESTONES = (
+    (re.compile(r"Init torch distributed begin"), "nccl_init"),
+    (re.compile(r"Init torch distributed ends"), "weight_load"),
+    (re.compile(r"Load weight begin"), "weight_load"),
+    (re.compile(r"Load weight end"), "kv_cache"),
+    (re.compile(r"KV Cache is allocated"), "kv_cache"),
+    (re.compile(r"Memory pool end"), "cuda_graph"),
+    (re.compile(r"Capture (?:piecewise )?cuda graph begin", re.I), "cuda_graph"),
+    (re.compile(r"Capture (?:piecewise )?cuda graph end", re.I), "warmup"),
+    (re.compile(r"^max_total_num_tokens="), "warmup"),
+    (re.compile(r"Uvicorn running on |Application startup complete"), "warmup"),
+    (re.compile(r"The server is fired up and ready to roll"), "ready"),
+)
+_READY = re.compile(r"The server is fired up and ready to roll")
+# our own health polls show up as access-log lines: they are not progress
+_ACCESS_LOG = re.compile(r'^(?:INFO:\s+)?\S+:\d+ - "(?:GET|POST|HEAD|PUT|DELETE|OPTIONS) ')
+
+# Lines that say a child failed; the exception line that goes with them says why.
+_FAILURE_MARKER = re.compile(
+    r"Scheduler hit an exception|DataParallelController hit an exception"
+    r"|Received sigquit from a child process|scheduler is dead|Initialization failed\. warmup error"
+    r"|Detokenizer(?:Manager)? hit an exception|TokenizerManager hit an exception"
+)
+_MARKER = "failure_marker"  # internal cause of a pending verdict: a child failed, reason not read yet
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)')
+# "RuntimeError: ...", "torch.OutOfMemoryError: ...", "tvm.error.InternalError: ...", "Exception: ..."
+_EXCEPTION_LINE = re.compile(r"^(?P<name>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception))(?::\s*(?P<msg>.*))?$")
+
+_OOM_TEXT = re.compile(
+    r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory"
+    r"|Not enough?t? memory\. Please try to increase --mem-fraction-static"
+)
+_KV_POOL_TEXT = re.compile(r"Not enough?t? memory\. Please try to increase --mem-fraction-static")
+_GRAPH_TEXT = re.compile(r"Capture (?:piecewise )?cuda graph failed", re.I)
+
+_CAUSE_PATTERNS = (
+    (
+        "port_in_use",
+        re.compile(r"address already in use|\[Errno 98\]|EADDRINUSE", re.I),
+    ),
+    (
+        "nccl",
+        re.compile(
+            r"NCCL error|nccl\w*Error\b|DistBackendError|ProcessGroupNCCL|ncclSystemError|ncclInternalError"
+            r"|ncclUnhandledCudaError|ncclRemoteError|Watchdog caught collective operation timeout"
+        ),
+    ),
+    (
+        "bad_weights",
+        re.compile(
+            r"MetadataIncompleteBuffer|SafetensorError|Error while deserializing header|HeaderTooLarge"
+            r"|InvalidHeaderDeserialization|incomplete metadata|Cannot find any model weights"
+            r"|file is not a zip file|PytorchStreamReader failed"
+        ),
+    ),
+    (
+        "unsupported_arch",
+        re.compile(
+            r"Unsupported architecture|no kernel image is available for execution"
+            r"|Unknown recipe|Unknown SF transformation|Unsupported gpu architecture"
+            r"|is not compatible with the current PyTorch installation|only supported on SM\d+"
+        ),
+    ),
+    (
+        "driver",
+        re.compile(
+            r"driver version is insufficient|NVIDIA driver on your system is too old|Found no NVIDIA driver"
+            r"|No CUDA GPUs are available|cudaErrorInsufficientDriver|unsupported display driver"
+            r"|forward compatibility was attempted|CUDA driver initialization failed"
+            r"|NVIDIA-SMI has failed|couldn't communicate with the NVIDIA driver",
+            re.I,
+        ),
+    ),
+)
+# frames that say the checkpoint itself was being read: a KeyError or shape mismatch there means
+# the checkpoint does not match (wrong, partial or mis-converted shards)
+_WEIGHT_READ_FUNCS = {
+    "load_weights",
+    "load_weights_and_postprocess",
+    "weight_loader",
+    "_load_w13",
+    "_load_w2",
+}
+_WEIGHT_MISMATCH = re.compile(
+    r"^(?:KeyError|AssertionError)$|size mismatch|shape mismatch|does not match", re.I
+)
+
+_RUNTIME_FUNCS = {"run_batch", "forward_batch_generation", "process_batch_result", "handle_generate_request"}
+_GRAPH_FUNCS = {
+    "init_cuda_graphs",
+    "init_all_cuda_graphs",
+    "capture",
+    "capture_one_batch_size",
+    "init_device_graphs",
+}
+_KV_FUNCS = {"init_memory_pool", "alloc_memory_pool", "profile_max_num_token", "init_memory_pool_and_cache"}
+_DIST_FUNCS = {"init_torch_distributed", "initialize_model_parallel", "init_distributed_environment"}
+_OOM_PHASE_OF = {"kv_cache": "kv_cache", "cuda_graph": "cuda_graph", "warmup": "runtime", "ready": "runtime"}
+_LOAD_FUNCS = {
+    "load_model",
+    "get_model",
+    "_initialize_model",
+    "create_weights",
+    "load_weights",
+    "load_weights_and_postprocess",
+    "make_layers",
+}
+
+# --- OOM figures ---------------------------------------------------------------------------------
+
+_UNIT_TO_MIB = {
+    "B": 1 / 2**20,
+    "bytes": 1 / 2**20,
+    "KiB": 1 / 1024,
+    "MiB": 1.0,
+    "GiB": 1024.0,
+    "TiB": 1024.0**2,
+}
+_SIZE = r"(?P<{0}>\d+(?:\.\d+)?)(?: ?(?P<{0}_unit>bytes|B|KiB|MiB|GiB|TiB)\b)?"
+# PyTorch >= 2.1: "Tried to allocate 672.00 MiB. GPU 2 has a total capacity of 94.97 GiB of which
+# 136.94 MiB is free."
+_OOM_NEW = re.compile(
+    r"Tried to allocate "
+    + _SIZE.format("tried")
+    + r"\.?(?: GPU (?P<gpu>\d+) has a total capac\w* of "
+    + _SIZE.format("capacity")
+    + r"(?: of which "
+    + _SIZE.format("free")
+    + r" is free)?)?"
+)
+# PyTorch < 2.1: "Tried to allocate 20.00 MiB (GPU 0; 15.58 GiB total capacity; 14.21 GiB already allocated;
+# 3.06 MiB free; ..."
+_OOM_OLD = re.compile(
+    r"Tried to allocate "
+    + _SIZE.format("tried")
+    + r" \(GPU (?P<gpu>\d+); "
+    + _SIZE.format("capacity")
+    + r" total capacity;(?:[^;]*;)*? "
+    + _SIZE.format("free")
+    + r" free"
+)
+_OOM_OLD_HEAD = re.compile(
+    r"Tried to allocate "
+    + _SIZE.format("tried")
+    + r" \(GPU (?P<gpu>\d+); "
+    + _SIZE.format("capacity")
+    + r" total capacity"
+)
+
+
+def _to_mib(number: str | None, unit: str | None) -> float | None:
+    if number is None or unit is None:  # a figure cut off before its unit is not a figure
+        return None
+    return round(float(number) * _UNIT_TO_MIB[unit], 2)
+
+
+def parse_oom_message(text: str) -> dict | None:
+    """PyTorch's OOM figures in MiB (capacity in GiB); None when the text has no 'Tried to allocate'."""
+    match = _OOM_NEW.search(text)
+    if match and match.group("gpu") is None:
+        match = _OOM_OLD.search(text) or _OOM_OLD_HEAD.search(text) or match
+    if not match:
+        return None
+    groups = match.groupdict()
+    capacity = _to_mib(groups.get("capacity"), groups.get("capacity_unit"))
+    return {
+        "gpu": int(groups["gpu"]) if groups.get("gpu") is not None else None,
+        "tried_to_allocate_mib": _to_mib(groups["tried"], groups.get("tried_unit")),
+        "free_mib": _to_mib(groups.get("free"), groups.get("free_unit")),
+        "capacity_gib": round(capacity / 1024, 2) if capacity is not None else None,
+    }
+
+
+# --- advice --------------------------------------------------------------------------------------
+
+_ADVICE = {
+    ("oom", "weight_load"): (
+        "The weights did not fit while loading, before the KV pool is even sized, so a higher "
+        "--mem-fraction-static will not help: use a layout that spreads the experts over more GPUs "
+        "(the profile's fallback) and make sure no stale process holds GPU memory."
+    ),
+    ("oom", "kv_cache"): (
+        "The weights loaded but too little memory was left for the KV pool: raise --mem-fraction-static "
+        "a little, or lower --context-length or --max-running-requests."
+    ),
+    ("oom", "cuda_graph"): (
+        "The KV pool left too little room to capture CUDA graphs: lower --cuda-graph-max-bs, or lower "
+        "--mem-fraction-static a little to leave room for the graphs."
+    ),
+    ("oom", "runtime"): (
+        "The server ran out of memory while running a batch: lower --chunked-prefill-size, "
+        "--max-running-requests or --context-length."
+    ),
+    ("crashed", "nccl"): (
+        "NCCL failed to set up or run its communicators: try the pcie_shm NCCL set (NCCL_P2P_DISABLE=1) "
+        "and check IOMMU/ACS (iommu=pt in /proc/cmdline, ACSCtl in lspci -vvv)."
+    ),
+    ("crashed", "port_in_use"): (
+        "The port is already taken: find the process holding it (ss -ltnp), usually a stale SGLang server "
+        "from an earlier start, and stop it before starting again."
+    ),
+    ("crashed", "bad_weights"): (
+        "The checkpoint could not be read as this model: re-verify the shards against the pinned revision "
+        "(a truncated shard gives MetadataIncompleteBuffer) and check that the checkpoint matches the model "
+        "and its quantization."
+    ),
+    ("crashed", "unsupported_arch"): (
+        "A kernel has no build for this GPU (sm_120 on RTX PRO 6000 Blackwell): set "
+        "SGLANG_ENABLE_JIT_DEEPGEMM=0 and use an SGLang build with sm_120 kernels (cu128 or newer)."
+    ),
+    ("crashed", "driver"): (
+        "The NVIDIA driver does not fit this CUDA build or GPU: Blackwell needs driver branch 570 or newer "
+        "with the open kernel modules; check nvidia-smi and /proc/driver/nvidia/version."
+    ),
+    ("crashed", "other"): (
+        "The server failed for a reason this classifier does not know: read the deciding line and the "
+        "traceback above it in the log excerpt."
+    ),
+    ("hung", "launch"): (
+        "Nothing was logged after the start: check the unit's command line and that the virtualenv's "
+        "Python starts at all."
+    ),
+    ("hung", "nccl_init"): (
+        "Start-up stalled while NCCL set up its communicators: try the pcie_shm NCCL set "
+        "(NCCL_P2P_DISABLE=1) and check IOMMU/ACS (iommu=pt, ACSCtl)."
+    ),
+    ("hung", "weight_load"): (
+        "Weight loading made no progress: check the disk holding the weights and that no other process "
+        "holds the GPUs; a ~600 GB model takes many minutes, so raise the hang timeout if the disk is slow."
+    ),
+    ("hung", "kv_cache"): (
+        "Start-up stalled sizing the KV pool, which the ranks agree on with a collective: check for a dead "
+        "rank and try the pcie_shm NCCL set (NCCL_P2P_DISABLE=1)."
+    ),
+    ("hung", "cuda_graph"): (
+        "CUDA-graph capture stalled; it runs collectives on every rank: try the pcie_shm NCCL set "
+        "(NCCL_P2P_DISABLE=1), or --disable-cuda-graph to confirm."
+    ),
+    ("hung", "warmup"): (
+        "The server listens but its warm-up request never finished: a rank is stuck in a collective, so "
+        "try the pcie_shm NCCL set (NCCL_P2P_DISABLE=1) and check IOMMU/ACS."
+    ),
+}
+
+
+def advice_for(state: str, phase: str | None = None, cause: str | None = None) -> str:
+    """One sentence that says what to change, following the OOM phase, crash cause or hang phase."""
+    if state == "ready":
+        return "The server is ready."
+    if state == "starting":
+        return f"The server is still starting (phase {phase or 'launch'}); wait for it or look again later."
+    key = (state, cause if state == "crashed" else phase)
+    return _ADVICE.get(key, _ADVICE[("crashed", "other")])
+
+
+# --- verdicts ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OomDetails:
+    phase: str
+    gpu: int | None
+    tried_to_allocate_mib: float | None
+    free_mib: float | None
+    capacity_gib: float | None
+    rank: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "phase": self.phase,
+            "gpu": self.gpu,
+            "tried_to_allocate_mib": self.tried_to_allocate_mib,
+            "free_mib": self.free_mib,
+            "capacity_gib": self.capacity_gib,
+            "rank": self.rank,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the log says. ``final`` is False while a failure is seen but its exception line is not."""
+
+    state: str
+    phase: str | None = None  # oom: the OOM phase; hung/starting/crashed: the start-up phase reached
+    oom: OomDetails | None = None
+    cause: str | None = None  # crashed only
+    line: str | None = None  # the deciding line
+    line_number: int | None = None  # 1-based, counting the pieces fed
+    rank: str | None = None
+    advice: str = ""
+    final: bool = True
+
+    @property
+    def failed(self) -> bool:
+        return self.state in ("oom", "crashed", "hung")
+
+    def to_dict(self) -> dict:
+        return {
+            "state": self.state,
+            "phase": self.phase,
+            "oom": self.oom.to_dict() if self.oom else None,
+            "cause": self.cause,
+            "line": self.line,
+            "line_number": self.line_number,
+            "rank": self.rank,
+            "advice": self.advice,
+        }
+
+
+def _max_phase(a: str, b: str) -> str:
+    return a if PROGRESS_PHASES.index(a) >= PROGRESS_PHASES.index(b) else b
+
+
+@dataclass
+class _Traceback:
+    rank: str | None = None
+    funcs: list = field(default_factory=list)
+    files: list = field(default_factory=list)
+    closed: bool = False  # its exception line was seen
+
+
+class LogFollower:
+    """Follow a live log line by line; the verdict is known as soon as its deciding line is fed.
+
+    ``now`` is any monotonic clock in seconds (the caller's); it is only used for hang detection.
+    """
+
+    def __init__(self, started_at: float | None = None) -> None:
+        self.lines_seen = 0
+        self.last_progress_at = started_at
+        self.pending_since: float | None = None  # a failure marker or bare exception awaits its partner
+        self._rank_phase: dict[str, str] = {}
+        self._launcher_phase = "launch"
+        self._ready_line: tuple[str, int] | None = None
+        self._failure: Verdict | None = None
+        self._pending: Verdict | None = None
+        self._marker_seen = False
+        self._hint_cause: str | None = None
+        self._tb = _Traceback()
+        self._last_line: str | None = None
+
+    # -- progress --
+    @property
+    def phase(self) -> str:
+        """The start-up phase reached: the slowest rank's, unless the launcher already moved on."""
+        ranked = [self._rank_phase[r] for r in self._rank_phase]
+        slowest = min(ranked, key=PROGRESS_PHASES.index) if ranked else "launch"
+        return _max_phase(self._launcher_phase, slowest)
+
+    def _phase_of(self, rank: str | None) -> str:
+        if rank and rank in self._rank_phase:
+            return _max_phase(self._launcher_phase, self._rank_phase[rank])
+        return self.phase
+
+    # -- feeding --
+    def feed(self, raw: str, now: float | None = None) -> Verdict:
+        for parsed in split_line(raw):
+            self._feed_one(parsed, now)
+        return self.verdict(now)
+
+    def feed_many(self, lines, now: float | None = None) -> Verdict:
+        for raw in lines:
+            self.feed(raw, now)
+        return self.verdict(now)
+
+    def _feed_one(self, line: ParsedLine, now: float | None) -> None:
+        self.lines_seen += 1
+        if self._failure is not None:
+            return
+        text, message = line.text, line.message
+        if text.strip() and not _ACCESS_LOG.search(message):
+            self._last_line = text
+            if now is not None:
+                self.last_progress_at = now
+        for pattern, reached in _MILESTONES:
+            if pattern.search(message):
+                if line.rank:
+                    self._rank_phase[line.rank] = _max_phase(
+                        self._rank_phase.get(line.rank, "launch"), reached
+                    )
+                else:
+                    self._launcher_phase = _max_phase(self._launcher_phase, reached)
+                if self.pending_kind == "exception":  # the start went on: that traceback was not fatal
+                    self._pending = self.pending_since = None
+                break
+        if _READY.search(message):
+            self._ready_line = (text, self.lines_seen)
+
+        if _TRACEBACK.search(text):
+            if self._tb.closed or not self._tb.funcs:
+                self._tb = _Traceback(rank=line.rank or self._tb.rank)
+            elif line.rank:
+                self._tb.rank = line.rank
+        frame = _FRAME.match(text)
+        if frame:
+            self._tb.funcs.append(frame.group("func"))
+            self._tb.files.append(frame.group("file"))
+            return
+
+        if _FAILURE_MARKER.search(text):
+            self._marker_seen = True
+            if line.rank and "hit an exception" in text:
+                self._tb.rank = line.rank
+            if self.pending_kind == "exception":
+                self._decide(self._pending)
+                return
+            if self._pending is None:
+                self._pending = Verdict(
+                    state="crashed",
+                    cause=_MARKER,
+                    line=text,
+                    line_number=self.lines_seen,
+                    rank=line.rank,
+                    final=False,
+                )
+                self.pending_since = now
+
+        exc = _EXCEPTION_LINE.match(text) if not line.rank else None
+        if exc is None and not _CAUSE_PATTERNS[0][1].search(text):
+            for cause, pattern in _CAUSE_PATTERNS[3:]:  # arch/driver warnings explain a later bare crash
+                if pattern.search(text):
+                    self._hint_cause = self._hint_cause or cause
+            return
+        verdict, strong = self._judge(text, exc, line)
+        self._tb.closed = exc is not None
+        if strong or self._marker_seen:
+            self._decide(verdict)
+        elif self._pending is None:
+            self._pending = verdict  # a bare exception: fatal only if a failure marker or the exit follows
+            self.pending_since = now
+
+    @property
+    def pending_kind(self) -> str | None:
+        """None, "marker" (a child failed, its reason not read yet) or "exception" (no marker yet)."""
+        if self._pending is None:
+            return None
+        return "marker" if self._pending.cause == _MARKER else "exception"
+
+    def _judge(self, text: str, exc, line: ParsedLine) -> tuple[Verdict, bool]:
+        """The verdict one exception (or port) line gives, and whether it is decisive on its own."""
+        rank = self._tb.rank or line.rank
+        if _OOM_TEXT.search(text):
+            phase = self._oom_phase(text, rank)
+            figures = parse_oom_message(text) or {}
+            oom = OomDetails(
+                phase=phase,
+                gpu=figures.get("gpu"),
+                tried_to_allocate_mib=figures.get("tried_to_allocate_mib"),
+                free_mib=figures.get("free_mib"),
+                capacity_gib=figures.get("capacity_gib"),
+                rank=rank,
+            )
+            return Verdict(
+                state="oom",
+                phase=phase,
+                oom=oom,
+                line=text,
+                line_number=self.lines_seen,
+                rank=rank,
+                advice=advice_for("oom", phase),
+            ), True
+        cause = None
+        for name, pattern in _CAUSE_PATTERNS:
+            if pattern.search(text):
+                cause = name
+                break
+        strong = cause is not None
+        if cause is None and exc is not None:
+            read_weights = _WEIGHT_READ_FUNCS.intersection(self._tb.funcs)
+            if read_weights and (_WEIGHT_MISMATCH.search(exc.group("name")) or _WEIGHT_MISMATCH.search(text)):
+                cause = "bad_weights"
+        cause = cause or self._hint_cause or "other"
+        phase = self._frames_phase() or self._phase_of(rank)
+        return Verdict(
+            state="crashed",
+            phase=phase,
+            cause=cause,
+            line=text,
+            line_number=self.lines_seen,
+            rank=rank,
+            advice=advice_for("crashed", cause=cause),
+        ), strong
+
+    def _frames_phase(self) -> str | None:
+        """The start-up phase the traceback's frames were in, or None when they do not say."""
+        funcs = set(self._tb.funcs)
+        if funcs & _RUNTIME_FUNCS or any(f.startswith("event_loop") for f in funcs):
+            return "ready"
+        if funcs & _GRAPH_FUNCS or any("cuda_graph_runner" in f for f in self._tb.files):
+            return "cuda_graph"
+        if funcs & _KV_FUNCS or any("memory_pool" in f for f in self._tb.files):
+            return "kv_cache"
+        if funcs & _LOAD_FUNCS:
+            return "weight_load"
+        if funcs & _DIST_FUNCS:
+            return "nccl_init"
+        return None
+
+    def _oom_phase(self, text: str, rank: str | None) -> str:
+        if _GRAPH_TEXT.search(text):
+            return "cuda_graph"
+        if _KV_POOL_TEXT.search(text):
+            return "kv_cache"
+        reached = self._frames_phase() or self._phase_of(rank)
+        # before the KV pool is sized everything on the GPU is weights (or someone else's memory)
+        return _OOM_PHASE_OF.get(reached, "weight_load")
+
+    def _decide(self, verdict: Verdict) -> None:
+        if verdict.cause == _MARKER:  # a marker alone: the child failed, nobody said why
+            verdict = Verdict(
+                state="crashed",
+                phase=self._phase_of(verdict.rank),
+                cause=self._hint_cause or "other",
+                line=verdict.line,
+                line_number=verdict.line_number,
+                rank=verdict.rank,
+                advice=advice_for("crashed", cause=self._hint_cause or "other"),
+            )
+        self._failure = Verdict(**{**verdict.__dict__, "final": True})
+        self._pending = None
+
+    # -- reading the verdict --
+    def verdict(self, now: float | None = None, hang_seconds: float | None = None) -> Verdict:
+        """The verdict so far. A failure seen without its partner line comes back with final=False."""
+        if self._failure is not None:
+            return self._failure
+        if self._pending is not None:
+            pending = self._pending
+            if pending.cause == _MARKER:
+                cause = self._hint_cause or "other"
+                pending = Verdict(
+                    state="crashed",
+                    phase=self._phase_of(pending.rank),
+                    cause=cause,
+                    line=pending.line,
+                    line_number=pending.line_number,
+                    rank=pending.rank,
+                    advice=advice_for("crashed", cause=cause),
+                    final=False,
+                )
+            return Verdict(**{**pending.__dict__, "final": False})
+        if self._ready_line is not None:
+            text, number = self._ready_line
+            return Verdict(state="ready", line=text, line_number=number, advice=advice_for("ready"))
+        phase = self.phase
+        if (
+            hang_seconds is not None
+            and now is not None
+            and self.last_progress_at is not None
+            and now - self.last_progress_at >= hang_seconds
+        ):
+            return Verdict(state="hung", phase=phase, advice=advice_for("hung", phase), line=self._last_line)
+        return Verdict(state="starting", phase=phase, advice=advice_for("starting", phase), final=False)
+
+    def finish(self) -> Verdict:
+        """No more lines will come: a failure still waiting for its partner line is taken as it is."""
+        if self._failure is None and self._pending is not None:
+            self._decide(self._pending)
+        return self.verdict()
+
+
+def classify(lines, idle_seconds: float | None = None, hang_seconds: float | None = None) -> Verdict:
+    """Classify a whole log (a string or an iterable of lines).
+
+    ``idle_seconds`` is how long the log has been silent after its last line; with ``hang_seconds``
+    a log that ends while starting is ``hung`` once idle_seconds >= hang_seconds.
+    """
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    follower = LogFollower(started_at=0.0)
+    for raw in lines:
+        follower.feed(raw, now=0.0)
+    verdict = follower.finish()
+    if verdict.state == "starting" and idle_seconds is not None:
+        return follower.verdict(now=float(idle_seconds), hang_seconds=hang_seconds)
+    return verdict
