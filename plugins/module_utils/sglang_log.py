@@ -379,7 +379,7 @@ class Verdict:
     oom: OomDetails | None = None
     cause: str | None = None  # crashed only
     line: str | None = None  # the deciding line
-    line_number: int | None = None  # 1-based, counting the pieces fed
+    line_number: int | None = None  # 1-based, counting the lines fed
     rank: str | None = None
     advice: str = ""
     final: bool = True
@@ -448,6 +448,7 @@ class LogFollower:
 
     # -- feeding --
     def feed(self, raw: str, now: float | None = None) -> Verdict:
+        self.lines_seen += 1
         for parsed in split_line(raw):
             self._feed_one(parsed, now)
         return self.verdict(now)
@@ -458,7 +459,6 @@ class LogFollower:
         return self.verdict(now)
 
     def _feed_one(self, line: ParsedLine, now: float | None) -> None:
-        self.lines_seen += 1
         if self._failure is not None:
             return
         text, message = line.text, line.message

@@ -1,0 +1,139 @@
+"""moefleet diagnose: why did this SGLang start fail, and what to change.
+
+The classifier is the one the readiness module uses (plugins/module_utils/sglang_log.py). Exit codes:
+0 the log shows a ready server; 1 it shows a failure (oom, crashed, hung) or ends while the server was
+still starting (incomplete); 2 the input cannot be read as a log.
+
+A saved log that ends while starting is ``starting`` and exits 1 as incomplete. With ``--hang-seconds N``
+it is ``hung`` instead once its last line is at least N seconds old: for a file, by its modification
+time (so a log still being written is not called hung); for stdin, which has no age, the log is taken
+as finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from moefleet.logic.sglang_log import classify
+
+EXIT_READY, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(Exception):
+    """The input is not a readable text log; the message is one sentence for the operator."""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "diagnose",
+        help="classify a saved SGLang log or journal export: ready, oom, crashed or hung, and what to change",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("file", metavar="FILE", help="the log file or journalctl export; '-' reads stdin")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument(
+        "--hang-seconds",
+        type=float,
+        metavar="N",
+        help="call a log that ends while starting 'hung' once it has been silent this long",
+    )
+    parser.set_defaults(func=run)
+
+
+def _read(path: str) -> tuple[str, float | None]:
+    """The log's text and its age in seconds (None for stdin)."""
+    try:
+        if path == "-":
+            data, age = sys.stdin.buffer.read(), None
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read()
+            age = max(0.0, time.time() - os.stat(path).st_mtime)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file.") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a log file.") from None
+    except PermissionError:
+        raise BadInput(f"{path}: permission denied; run as a user who can read it.") from None
+    except OSError as err:
+        raise BadInput(f"{path}: cannot be read ({err.strerror or err}).") from None
+    name = "stdin" if path == "-" else path
+    if b"\x00" in data:
+        raise BadInput(
+            f"{name}: looks binary (it has NUL bytes), not a text log; pass the log or a journal export."
+        )
+    if not data.strip():
+        raise BadInput(f"{name}: is empty; there is nothing to diagnose.")
+    return data.decode("utf-8", errors="replace"), age
+
+
+def _human(result: dict) -> str:
+    state, oom = result["state"], result["oom"]
+    head = state
+    if state == "oom":
+        head = f"oom in phase {oom['phase']}"
+    elif state == "crashed":
+        head = f"crashed, cause {result['cause']}" + (
+            f" (phase {result['phase']})" if result["phase"] else ""
+        )
+    elif state == "hung":
+        head = f"hung in phase {result['phase']}"
+    elif state == "starting":
+        head = f"starting, incomplete: the log ends in phase {result['phase']}"
+    rows = [("state", head)]
+    if oom:
+        gpu = "unknown" if oom["gpu"] is None else str(oom["gpu"])
+        if oom["rank"]:
+            gpu += f" (rank {oom['rank']})"
+        rows.append(("gpu", gpu))
+        sizes = []
+        if oom["tried_to_allocate_mib"] is not None:
+            sizes.append(f"tried to allocate {oom['tried_to_allocate_mib']:.2f} MiB")
+        if oom["free_mib"] is not None:
+            sizes.append(f"{oom['free_mib']:.2f} MiB free")
+        if oom["capacity_gib"] is not None:
+            sizes.append(f"of {oom['capacity_gib']:.2f} GiB total")
+        rows.append(("sizes", ", ".join(sizes) if sizes else "not in the log"))
+    elif result["rank"]:
+        rows.append(("rank", result["rank"]))
+    if result["line"]:
+        label = "line" if result["line_number"] is None else f"line {result['line_number']}"
+        if state == "hung":
+            label = "last line"
+        rows.append((label, result["line"]))
+    rows.append(("advice", result["advice"]))
+    width = max(len(label) for label, _ in rows) + 1
+    return "\n".join(f"{(label + ':').ljust(width)} {value}" for label, value in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.hang_seconds is not None and args.hang_seconds <= 0:
+        print("moefleet diagnose: --hang-seconds must be a positive number of seconds.", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        text, age = _read(args.file)
+    except BadInput as err:
+        print(f"moefleet diagnose: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    idle = None
+    if args.hang_seconds is not None:
+        idle = float("inf") if age is None else age
+    verdict = classify(text, idle_seconds=idle, hang_seconds=args.hang_seconds)
+    result = verdict.to_dict()
+    result["file"] = args.file
+    result["incomplete"] = verdict.state == "starting"
+    if result["incomplete"]:
+        result["advice"] = (
+            f"The log ends while the server was still starting (phase {verdict.phase}): collect the rest of "
+            "the log, or pass --hang-seconds N to judge a log silent that long as hung."
+        )
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(_human(result))
+    return EXIT_READY if verdict.state == "ready" else EXIT_FAILED
