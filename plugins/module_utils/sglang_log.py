@@ -660,7 +660,7 @@ def classify(lines, idle_seconds: float | None = None, hang_seconds: float | Non
     a log that ends while starting is ``hung`` once idle_seconds >= hang_seconds.
     """
     if isinstance(lines, str):
-        lines = lines.splitlines()
+        lines = lines.split("\n")  # not splitlines(): tqdm's carriage returns are not new lines
     follower = LogFollower(started_at=0.0)
     for raw in lines:
         follower.feed(raw, now=0.0)
