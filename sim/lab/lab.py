@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""The simulated lab's hosts: podman containers with systemd as PID 1, reached over SSH.
+
+    lab.py image                       build (or reuse) the Debian 12 host image
+    lab.py up [--name L] --hosts N     start hosts L-1..L-N (+ the shared mirror), write an inventory
+                                       (default inventory/sim/hosts.yml), wait until each answers Ansible
+    lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
+    lab.py status                      list the lab's containers and addresses
+
+Several labs can live side by side (`make demo` uses "lab"; each molecule scenario its own name).
+
+All state lives under .lab/ (git-ignored). podman runs with the lab's own config files
+(CONTAINERS_CONF, CONTAINERS_STORAGE_CONF); the machine's global podman configuration stays untouched.
+This is test and demo equipment: product code never imports or names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab"))
+HERE = Path(__file__).resolve().parent
+PREFIX = "moefleet"
+NETWORK = f"{PREFIX}-net"
+MIRROR = f"{PREFIX}-mirror"
+MIRROR_PORT = 8080
+INVENTORY = REPO / "inventory" / "sim" / "hosts.yml"
+SSH_KEY = LAB / "ssh" / "id_ed25519"
+APT_PACKAGES = [
+    "podman", "runc", "conmon", "netavark", "aardvark-dns", "containernetworking-plugins",
+    "slirp4netns", "uidmap", "fuse-overlayfs", "catatonit", "iptables", "nftables", "debootstrap",
+]
+# What a lab host has before any role runs: what Ansible needs to manage a real server, nothing more.
+IMAGE_PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo", "iproute2", "procps",
+    "curl", "ca-certificates", "openssh-server", "python3-venv", "gnupg",
+]
+IMAGE_SETUP = r"""
+set -e
+mkdir -p -m 700 /root/.ssh
+rm -f /etc/ssh/ssh_host_*
+mkdir -p /etc/systemd/system/ssh.service.d
+# Host keys are made at each container's first boot, so no two lab hosts share them.
+printf '[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\nExecStartPre=/usr/sbin/sshd -t\n' \
+  > /etc/systemd/system/ssh.service.d/10-hostkeys.conf
+ln -sf /lib/systemd/system/ssh.service /etc/systemd/system/multi-user.target.wants/ssh.service
+for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
+            getty@tty1.service console-getty.service systemd-logind.service; do
+  ln -sf /dev/null "/etc/systemd/system/$unit"
+done
+: > /etc/machine-id
+rm -f /var/lib/dbus/machine-id
+apt-get clean
+rm -rf /var/lib/apt/lists/*
+"""
+
+
+def log(msg: str) -> None:
+    print(f"lab: {msg}", file=sys.stderr, flush=True)
+
+
+def podman_env() -> dict[str, str]:
+    conf_dir = LAB / "podman"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "networks").mkdir(exist_ok=True)
+    (LAB / "run").mkdir(exist_ok=True)
+    for name in ("containers.conf", "storage.conf"):
+        text = (HERE / f"{name}.in").read_text().replace("@LAB@", str(LAB))
+        target = conf_dir / name
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+    env = dict(os.environ)
+    env["CONTAINERS_CONF"] = str(conf_dir / "containers.conf")
+    env["CONTAINERS_STORAGE_CONF"] = str(conf_dir / "storage.conf")
+    return env
+
+
+def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        ["podman", *args], env=podman_env(), text=True,
+        stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
+    )
+    if check and result.returncode != 0:
+        raise SystemExit(f"lab: podman {' '.join(args[:3])} failed: {(result.stderr or '').strip()}")
+    return result
+
+
+def ensure_tools() -> None:
+    missing = [p for p, exe in (("podman", "podman"), ("debootstrap", "debootstrap")) if not shutil.which(exe)]
+    if not missing:
+        return
+    log(f"{' and '.join(missing)} missing: installing the lab's container tools with apt-get "
+        "(podman, runc, netavark, debootstrap, ... without recommends).")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def image_tag() -> str:
+    recipe = json.dumps([IMAGE_PACKAGES, IMAGE_SETUP]).encode()
+    return f"localhost/{PREFIX}-debian12:{hashlib.sha256(recipe).hexdigest()[:12]}"
+
+
+def build_image() -> str:
+    ensure_tools()
+    tag = image_tag()
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        log(f"image {tag} is cached")
+        return tag
+    rootfs = LAB / "rootfs"
+    if rootfs.exists():
+        shutil.rmtree(rootfs)
+    log("building the Debian 12 host image with debootstrap (about a minute)")
+    started = time.monotonic()
+    with open(LAB / "debootstrap.log", "w") as out:
+        subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}",
+                        "bookworm", str(rootfs)], check=True, stdout=out, stderr=subprocess.STDOUT)
+    subprocess.run(["chroot", str(rootfs), "/bin/sh", "-c", IMAGE_SETUP], check=True)
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+    subprocess.run(["podman", "import", "--change", 'CMD ["/sbin/init"]', "--change", "STOPSIGNAL SIGRTMIN+3",
+                    "--change", "ENV container=podman", "-", tag],
+                   stdin=tar.stdout, env=podman_env(), check=True, stdout=subprocess.DEVNULL)
+    if tar.wait() != 0:
+        raise SystemExit("lab: packing the image's root file system failed")
+    shutil.rmtree(rootfs)
+    for old in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
+        if old.startswith(f"localhost/{PREFIX}-debian12:") and old != tag:
+            podman("rmi", old, check=False)
+    log(f"image {tag} built in {time.monotonic() - started:.0f} s")
+    return tag
+
+
+def lab_containers(lab: str | None = None) -> dict[str, dict]:
+    label = f"moefleet.lab={lab}" if lab else "moefleet.lab"
+    out = podman("ps", "-a", "--filter", f"label={label}", "--format", "json").stdout
+    return {c["Names"][0]: c for c in json.loads(out or "[]")}
+
+
+def container_ip(name: str) -> str:
+    data = json.loads(podman("inspect", name).stdout)[0]
+    return data["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
+
+
+def ensure_ssh_key() -> None:
+    if SSH_KEY.exists():
+        return
+    SSH_KEY.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "moefleet-lab", "-f", str(SSH_KEY)],
+                   check=True)
+    auth = SSH_KEY.parent / "authorized_keys"
+    shutil.copy(SSH_KEY.with_suffix(".pub"), auth)
+    auth.chmod(0o600)
+
+
+def run_host(name: str, lab: str, tag: str) -> None:
+    podman("run", "-d", "--name", name, "--hostname", name.removeprefix(f"{PREFIX}-"),
+           "--label", f"moefleet.lab={lab}", "--network", NETWORK, "--systemd", "always",
+           "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)
+
+
+def ensure_mirror(tag: str) -> str:
+    mirror_dir = LAB / "mirror"
+    mirror_dir.mkdir(parents=True, exist_ok=True)
+    mirrors = lab_containers("mirror")
+    if MIRROR not in mirrors:
+        podman("run", "-d", "--name", MIRROR, "--label", "moefleet.lab=mirror", "--network", NETWORK,
+               "-v", f"{mirror_dir}:/srv/mirror:ro", "--entrypoint", "/usr/bin/python3", tag,
+               "-m", "http.server", str(MIRROR_PORT), "--directory", "/srv/mirror")
+    elif mirrors[MIRROR]["State"] != "running":
+        podman("start", MIRROR)
+    return f"http://{container_ip(MIRROR)}:{MIRROR_PORT}"
+
+
+def write_inventory(path: Path, hosts: dict[str, str], mirror_url: str) -> None:
+    lines = [
+        "# Written by sim/lab/lab.py; the lab's other variables are in inventory/sim/group_vars/.",
+        "all:",
+        "  vars:",
+        "    ansible_user: root",
+        f"    ansible_ssh_private_key_file: {SSH_KEY}",
+        # Lab hosts get fresh host keys on every creation, at addresses that are reused.
+        "    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+        f"    lab_mirror_url: {mirror_url}",
+        "  children:",
+        "    blackwell:",
+        "      hosts:",
+    ]
+    for short, ip in sorted(hosts.items(), key=lambda kv: int(kv[0].rsplit("-", 1)[1])):
+        lines += [f"        {short}:", f"          ansible_host: {ip}"]
+    text = "\n".join(lines) + "\n"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        log(f"wrote {path}")
+
+
+def wait_for_ansible(inventory: Path, names: list[str], timeout: float = 120) -> None:
+    ansible = shutil.which("ansible", path=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}")
+    if not ansible:
+        raise SystemExit("lab: ansible not found; run `make setup` first")
+    deadline = time.monotonic() + timeout
+    while True:
+        result = subprocess.run([ansible, "-i", str(inventory), "-m", "ansible.builtin.ping", "-o",
+                                 ",".join(names)], cwd=REPO, text=True, capture_output=True)
+        if result.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"lab: hosts did not answer Ansible within {timeout:.0f} s:\n{result.stdout[-2000:]}")
+        time.sleep(1)
+
+
+def up(lab: str, count: int, inventory: Path) -> None:
+    if count < 1:
+        raise SystemExit("lab: --hosts must be 1 or more; use `make sim-down` to remove the lab")
+    tag = build_image()
+    ensure_ssh_key()
+    if podman("network", "exists", NETWORK, check=False).returncode != 0:
+        podman("network", "create", NETWORK)
+    mirror_url = ensure_mirror(tag)
+    existing = lab_containers(lab)
+    wanted = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
+    for name in sorted(set(existing) - set(wanted)):
+        log(f"removing {name} (lab {lab} resized to {count})")
+        podman("rm", "-f", "-t", "5", name)
+    started = time.monotonic()
+    for name in wanted:
+        info = existing.get(name)
+        if info is None:
+            run_host(name, lab, tag)
+            log(f"started {name}")
+        elif info["State"] != "running":
+            podman("start", name)
+            log(f"restarted {name}")
+    hosts = {name.removeprefix(f"{PREFIX}-"): container_ip(name) for name in wanted}
+    write_inventory(inventory, hosts, mirror_url)
+    wait_for_ansible(inventory, list(hosts))
+    log(f"lab {lab}: {count} host(s) answer Ansible ({time.monotonic() - started:.1f} s); mirror at {mirror_url}")
+
+
+def down(lab: str | None, inventory: Path) -> None:
+    for name in lab_containers(lab):
+        podman("rm", "-f", "-t", "5", name)
+        log(f"removed {name}")
+    if lab is None and podman("network", "exists", NETWORK, check=False).returncode == 0:
+        podman("network", "rm", NETWORK)
+    inventory.unlink(missing_ok=True)
+
+
+def status() -> None:
+    for name, info in sorted(lab_containers().items()):
+        ip = container_ip(name) if info["State"] == "running" else "-"
+        print(f"{name:28} {info['Labels'].get('moefleet.lab', ''):10} {info['State']:10} {ip}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("image")
+    up_p = sub.add_parser("up")
+    up_p.add_argument("--name", default="lab", help="lab name: hosts are NAME-1..NAME-N")
+    up_p.add_argument("--hosts", type=int, default=1)
+    up_p.add_argument("--inventory", type=Path, default=INVENTORY)
+    down_p = sub.add_parser("down")
+    down_p.add_argument("--name", default="lab")
+    down_p.add_argument("--all", action="store_true", help="every lab, the mirror and the network")
+    down_p.add_argument("--inventory", type=Path, default=INVENTORY)
+    sub.add_parser("status")
+    args = parser.parse_args()
+    LAB.mkdir(parents=True, exist_ok=True)
+    if args.cmd == "image":
+        build_image()
+    elif args.cmd == "up":
+        up(args.name, args.hosts, args.inventory.resolve())
+    elif args.cmd == "down":
+        down(None if args.all else args.name, args.inventory.resolve())
+    else:
+        status()
+
+
+if __name__ == "__main__":
+    main()
