@@ -500,7 +500,12 @@ def vision_tower_bytes(vision: Mapping[str, Any], text_hidden: int) -> int:
 
 @dataclass
 class Plan:
-    """The planner's answer for one layout on one host."""
+    """The planner's answer for one layout on one host.
+
+    Byte figures are for one GPU of the heaviest pipeline stage (``weights_*``) or of the stage with
+    the fewest KV tokens (``kv_*``); ``experts_per_gpu`` counts whole-expert equivalents (48 for
+    --tp-size 8 whether experts are whole or split); ``suggested_*`` is set when GPUs sit idle.
+    """
 
     layout: Layout
     gpus_available: int
