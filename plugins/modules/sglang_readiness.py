@@ -1,0 +1,601 @@
+#!/usr/bin/python
+"""Ansible module: wait for an SGLang server to be ready, or say within a second why it will not be."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_readiness
+short_description: Wait until an SGLang server serves, or report its OOM, crash or hang within a second
+description:
+  - Follows the log of the current start of an SGLang server and polls its HTTP endpoints, in the shape
+    of M(ansible.builtin.wait_for).
+  - The log is the systemd unit's journal for its current invocation only (C(InvocationID)), so lines
+    of earlier starts never count; or a plain file given as O(log_path), read from its beginning.
+  - Each log line goes through the classifier in C(module_utils/sglang_log.py), the same one
+    C(moefleet diagnose) uses. The module returns within about one second of the line that decides
+    the start (an OOM, a crash's exception line, the unit dying), not at the timeout.
+  - HTTP is polled in order C(/health_generate), C(/v1/models), C(/server_info) (C(/get_server_info) on
+    old builds); the server is ready when all three answer and the server arguments it reports equal
+    O(expected_args).
+  - An OOM is reported with its phase (C(weight_load), C(kv_cache), C(cuda_graph), C(runtime)), the GPU,
+    the MiB it tried to allocate, the MiB free and the GPU's capacity, and one sentence of advice that
+    follows the phase. A weight-load OOM is not fixed by a higher C(--mem-fraction-static); a KV-pool
+    OOM is.
+  - The unit dying (C(systemctl show) says failed, inactive, auto-restart, or a new invocation) ends the
+    wait at once, whatever the exit code says (some SGLang versions exit 0 after a failure).
+version_added: "0.1.0"
+author: moefleet maintainers
+options:
+  unit:
+    description:
+      - The systemd unit that runs the server. Its journal for the current invocation is followed, and
+        its state is watched.
+      - Defaults to C(sglang.service) when O(log_path) is not given. With O(log_path) and no O(unit),
+        no unit is watched.
+    type: str
+  log_path:
+    description:
+      - Follow this file from its beginning instead of the unit's journal. The file may appear later.
+    type: path
+  url:
+    description: Base URL of the server.
+    type: str
+    default: http://127.0.0.1:30000
+  api_key:
+    description: The server's C(--api-key), sent as a bearer token.
+    type: str
+  expected_args:
+    description:
+      - Server arguments the unit was started with, compared with what C(/server_info) reports, for
+        example C(tp_size), C(ep_size), C(pp_size), C(dp_size), C(enable_dp_attention), C(model_path),
+        C(served_model_name). A difference fails the task and names each argument.
+    type: dict
+    default: {}
+  timeout:
+    description:
+      - Seconds to wait in all for the server to be ready.
+      - A cold start of a ~600 GB model takes many minutes.
+    type: int
+    default: 2700
+  hang_timeout:
+    description:
+      - Seconds without a new log line after which the start is reported C(hung) in the phase it
+        stopped in. HTTP access-log lines (our own polls) do not count as progress.
+    type: int
+    default: 600
+  sleep:
+    description: Seconds between HTTP polls.
+    type: float
+    default: 1.0
+  delay:
+    description: Seconds to wait before starting to look. Lines logged meanwhile are still read.
+    type: int
+    default: 0
+  http_timeout:
+    description: Seconds one HTTP request may take; C(/health_generate) runs a one-token generation.
+    type: int
+    default: 25
+  msg:
+    description: Message to fail with instead of the generated one. The details are returned either way.
+    type: str
+notes:
+  - The journal is followed with a C(journalctl --follow) child read through C(select), not with
+    C(run_command), because C(run_command) waits for its command to end and a follow never ends.
+  - Check mode returns at once without waiting, with C(skipped=true) and C(changed=false).
+requirements:
+  - systemd (C(systemctl), C(journalctl)) on the host when a unit is followed.
+seealso:
+  - module: ansible.builtin.wait_for
+  - module: ansible.builtin.uri
+"""
+
+EXAMPLES = r"""
+- name: Wait for SGLang to serve the profile it was started with
+  sglang_readiness:
+    unit: sglang.service
+    expected_args:
+      tp_size: 8
+      ep_size: 4
+      served_model_name: kimi-k2.6
+    timeout: 2700
+    hang_timeout: 600
+  register: __sglang_service_readiness
+
+- name: Follow a log file instead of the journal (no unit watched)
+  sglang_readiness:
+    log_path: /var/log/sglang/server.log
+    url: http://127.0.0.1:30000
+    api_key: "{{ sglang_service_api_key }}"
+    timeout: 600
+
+- name: Start, check, and hand an OOM to the rollback handler
+  block:
+    - name: Restart the server
+      ansible.builtin.systemd_service:
+        name: sglang.service
+        state: restarted
+    - name: Wait for readiness
+      sglang_readiness:
+        unit: sglang.service
+  rescue:
+    - name: Record why the start failed
+      ansible.builtin.set_fact:
+        __sglang_service_failure: "{{ ansible_failed_result }}"
+      notify: Roll back to safer profile
+"""
+
+RETURN = r"""
+elapsed:
+  description: Seconds from the start of the wait to the decision.
+  returned: always
+  type: float
+  sample: 312.4
+state:
+  description: >-
+    C(ready), C(oom), C(crashed), C(hung), C(starting) (timed out while starting), C(mismatch) (serving,
+    but with other arguments than O(expected_args)) or C(unknown) (check mode, argument errors).
+  returned: always
+  type: str
+  sample: oom
+phase:
+  description: >-
+    For an OOM its phase (weight_load, kv_cache, cuda_graph, runtime); otherwise the start-up phase
+    reached (launch, nccl_init, weight_load, kv_cache, cuda_graph, warmup).
+  returned: always
+  type: str
+  sample: weight_load
+oom:
+  description: The OOM's details, or null.
+  returned: always
+  type: dict
+  sample: {"phase": "weight_load", "gpu": 2, "tried_to_allocate_mib": 672.0, "free_mib": 136.94,
+           "capacity_gib": 94.97, "rank": "TP2"}
+cause:
+  description: >-
+    For a crash, C(nccl), C(port_in_use), C(bad_weights), C(unsupported_arch), C(driver) or C(other);
+    else null.
+  returned: always
+  type: str
+  sample: nccl
+line:
+  description: The log line that decided, or the unit's state when its death decided.
+  returned: always
+  type: str
+advice:
+  description: One sentence on what to change, following the OOM phase, crash cause or hang phase.
+  returned: always
+  type: str
+log_excerpt:
+  description: The last 40 lines of the log of this start.
+  returned: always
+  type: list
+  elements: str
+unit_state:
+  description: The unit's ActiveState, SubState, Result and ExecMainStatus at the end (empty without a unit).
+  returned: always
+  type: dict
+invocation_id:
+  description: The unit invocation that was followed.
+  returned: when a unit is followed
+  type: str
+server_info:
+  description: The arguments checked against O(expected_args), as the server reported them.
+  returned: when ready or when they differ
+  type: dict
+mismatches:
+  description: Each expected argument that differs, with what was expected and what the server reports.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+# Imports follow DOCUMENTATION/EXAMPLES/RETURN, as Ansible's module layout requires.
+import collections  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import select  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.sglang_log import LogFollower  # noqa: E402
+
+EXCERPT_LINES = 40
+READ_TICK = 0.1  # seconds one select() waits: the bound on how late a deciding line is seen
+MARKER_GRACE = 0.5  # after "Received sigquit", how long to wait for the exception line that says why
+UNIT_POLL = 0.5  # seconds between systemctl show calls
+DEAD_DRAIN = 0.3  # after the unit died, read what journald still delivers for this long
+
+
+class LineSource:
+    """Bytes from a pipe or a file, cut into lines; a partial last line is kept until it ends."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def _split(self, data: bytes) -> list[str]:
+        self._buffer += data
+        *complete, self._buffer = self._buffer.split(b"\n")
+        return [line.decode("utf-8", errors="replace") for line in complete]
+
+    def flush(self) -> list[str]:
+        rest, self._buffer = self._buffer, b""
+        return [rest.decode("utf-8", errors="replace")] if rest.strip() else []
+
+
+class JournalSource(LineSource):
+    """journalctl --follow for one invocation, read without blocking."""
+
+    def __init__(self, journalctl: str, invocation_id: str) -> None:
+        super().__init__()
+        self._ended = False
+        # Popen, not run_command: run_command waits for the command to end, and a follow never ends.
+        self._proc = subprocess.Popen(
+            [
+                journalctl,
+                "--follow",
+                "--lines=all",
+                "--output=cat",
+                "--no-pager",
+                f"_SYSTEMD_INVOCATION_ID={invocation_id}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "LC_ALL": "C", "SYSTEMD_PAGER": ""},
+        )
+        self._fd = self._proc.stdout.fileno()
+
+    def read(self, wait: float) -> list[str]:
+        if self._ended:
+            time.sleep(wait)
+            return []
+        lines = []
+        deadline = time.monotonic() + wait
+        while True:
+            ready, _, _ = select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return lines
+            data = os.read(self._fd, 65536)
+            if not data:  # journalctl ended
+                self._ended = True
+                return lines + self.flush()
+            lines.extend(self._split(data))
+            wait = 0.0
+            deadline = time.monotonic()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+
+
+class FileSource(LineSource):
+    """A log file read from its beginning as it grows; it may not exist yet, and may be truncated."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._path = path
+        self._handle = None
+
+    def read(self, wait: float) -> list[str]:
+        if self._handle is None:
+            try:
+                self._handle = open(self._path, "rb")  # noqa: SIM115 - held open across reads
+            except FileNotFoundError:
+                time.sleep(wait)
+                return []
+        if os.fstat(self._handle.fileno()).st_size < self._handle.tell():
+            self._handle.seek(0)  # truncated: a new start rewrote it
+        data = self._handle.read()
+        if not data:
+            time.sleep(wait)
+            return []
+        return self._split(data)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
+class HttpProbe(threading.Thread):
+    """Polls /health_generate, then /v1/models, then /server_info, in a thread so that a slow request
+    never delays reading the log."""
+
+    def __init__(self, url: str, api_key: str | None, expected: dict, every: float, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self._url = url.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._expected = expected
+        self._every = every
+        self._timeout = timeout
+        self._stop = threading.Event()
+        self.result: dict | None = None  # set once, when every endpoint answered
+        self.last_status = "not polled yet"
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        request = urllib.request.Request(self._url + path, headers=self._headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, b""
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            self.last_status = f"{path}: {reason}"
+            return 0, b""
+
+    def _poll_once(self) -> bool:
+        for path in ("/health_generate", "/v1/models"):
+            status, _ = self._get(path)
+            if status != 200:
+                if status:
+                    self.last_status = f"{path}: HTTP {status}"
+                return False
+        status, body = self._get("/server_info")
+        if status == 404:
+            status, body = self._get("/get_server_info")
+        if status != 200:
+            if status:
+                self.last_status = f"/server_info: HTTP {status}"
+            return False
+        try:
+            info = json.loads(body)
+        except ValueError:
+            self.last_status = "/server_info: not JSON"
+            return False
+        self.result = compare_server_args(self._expected, info if isinstance(info, dict) else {})
+        self.last_status = "all endpoints answered"
+        return True
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            if self._poll_once():
+                return
+            self._stop.wait(self._every)
+
+
+def _same(expected, actual) -> bool:
+    if isinstance(actual, bool):
+        return str(expected).strip().lower() in (
+            ("true", "yes", "1", "on") if actual else ("false", "no", "0", "off")
+        )
+    if isinstance(actual, (int, float)) and not isinstance(expected, bool):
+        try:
+            return float(expected) == float(actual)
+        except (TypeError, ValueError):
+            return False
+    if isinstance(actual, list) and not isinstance(expected, list):
+        return [str(expected)] == [str(item) for item in actual]
+    return str(expected) == str(actual) if not isinstance(expected, list) else expected == actual
+
+
+def compare_server_args(expected: dict, info: dict) -> dict:
+    """What /server_info reports for each expected argument, and the differences."""
+    reported = {**info.get("server_args", {}), **info} if isinstance(info.get("server_args"), dict) else info
+    seen, mismatches = {}, []
+    for name, want in expected.items():
+        if name not in reported:
+            mismatches.append({"arg": name, "expected": want, "reported": None, "why": "not reported"})
+            continue
+        seen[name] = reported[name]
+        if not _same(want, reported[name]):
+            mismatches.append({"arg": name, "expected": want, "reported": reported[name], "why": "differs"})
+    return {"server_info": seen, "mismatches": mismatches}
+
+
+def _unit_state(module: AnsibleModule, systemctl: str, unit: str) -> dict:
+    props = "ActiveState,SubState,Result,ExecMainStatus,InvocationID"
+    rc, out, _ = module.run_command([systemctl, "show", "-p", props, unit], environ_update={"LC_ALL": "C"})
+    state = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        state[key.strip()] = value.strip()
+    return state
+
+
+def _unit_died(state: dict, invocation_id: str) -> bool:
+    if state.get("InvocationID") and state["InvocationID"] != invocation_id:
+        return True  # restarted: the start we followed is over
+    active, sub = state.get("ActiveState"), state.get("SubState")
+    return active in ("failed", "inactive") or sub == "auto-restart"
+
+
+def _describe(unit: str | None, verdict: dict, http_status: str) -> str:
+    who = unit or "the SGLang server"
+    state, oom = verdict["state"], verdict["oom"]
+    if state == "oom":
+        where = f" on GPU {oom['gpu']}" if oom["gpu"] is not None else ""
+        sizes = ""
+        if oom["tried_to_allocate_mib"] is not None:
+            sizes = f" (tried to allocate {oom['tried_to_allocate_mib']} MiB"
+            if oom["free_mib"] is not None:
+                sizes += f", {oom['free_mib']} MiB free"
+            if oom["capacity_gib"] is not None:
+                sizes += f" of {oom['capacity_gib']} GiB"
+            sizes += ")"
+        return f"{who} ran out of GPU memory during {oom['phase']}{where}{sizes}. {verdict['advice']}"
+    if state == "crashed":
+        return (
+            f"{who} crashed ({verdict['cause']}) in phase {verdict['phase']}: {verdict['line']}. "
+            f"{verdict['advice']}"
+        )
+    if state == "hung":
+        return f"{who} made no progress in phase {verdict['phase']} for too long. {verdict['advice']}"
+    return f"{who} was not ready in time (phase {verdict['phase']}; last HTTP answer: {http_status})."
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "unit": {"type": "str"},
+            "log_path": {"type": "path"},
+            "url": {"type": "str", "default": "http://127.0.0.1:30000"},
+            "api_key": {"type": "str", "no_log": True},
+            "expected_args": {"type": "dict", "default": {}},
+            "timeout": {"type": "int", "default": 2700},
+            "hang_timeout": {"type": "int", "default": 600},
+            "sleep": {"type": "float", "default": 1.0},
+            "delay": {"type": "int", "default": 0},
+            "http_timeout": {"type": "int", "default": 25},
+            "msg": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    started = time.monotonic()
+    result = {
+        "changed": False,
+        "elapsed": 0.0,
+        "state": "unknown",
+        "phase": None,
+        "oom": None,
+        "cause": None,
+        "line": None,
+        "advice": None,
+        "log_excerpt": [],
+        "unit_state": {},
+        "mismatches": [],
+    }
+
+    # Argument errors fail here, before any waiting.
+    for name in ("timeout", "hang_timeout", "http_timeout"):
+        if params[name] <= 0:
+            module.fail_json(
+                msg=f"{name} must be a positive number of seconds, got {params[name]}.", **result
+            )
+    if params["sleep"] <= 0 or params["delay"] < 0:
+        module.fail_json(msg="sleep must be positive and delay zero or more.", **result)
+    if not params["url"].startswith(("http://", "https://")):
+        module.fail_json(msg=f"url must start with http:// or https://, got {params['url']!r}.", **result)
+    unit = (
+        params["unit"] if params["unit"] is not None else (None if params["log_path"] else "sglang.service")
+    )
+    if unit is not None and not unit.strip():
+        module.fail_json(msg="unit must name a systemd unit, such as sglang.service.", **result)
+    systemctl = journalctl = invocation_id = None
+    if unit:
+        systemctl = module.get_bin_path("systemctl", required=True)
+        if not params["log_path"]:
+            journalctl = module.get_bin_path("journalctl", required=True)
+
+    if module.check_mode:
+        module.exit_json(skipped=True, msg="Check mode: readiness was not waited for.", **result)
+
+    if unit:
+        state = _unit_state(module, systemctl, unit)
+        invocation_id = state.get("InvocationID", "")
+        result["unit_state"] = {k: v for k, v in state.items() if k != "InvocationID"}
+        if not invocation_id:
+            module.fail_json(msg=f"{unit} has no current invocation: it has not been started.", **result)
+        result["invocation_id"] = invocation_id
+
+    if params["delay"]:
+        time.sleep(params["delay"])
+
+    source = (
+        FileSource(params["log_path"]) if params["log_path"] else JournalSource(journalctl, invocation_id)
+    )
+    follower = LogFollower(started_at=time.monotonic())
+    excerpt = collections.deque(maxlen=EXCERPT_LINES)
+    probe = HttpProbe(
+        params["url"], params["api_key"], params["expected_args"], params["sleep"], params["http_timeout"]
+    )
+    probe.start()
+    deadline = started + params["timeout"]
+    next_unit_poll = time.monotonic() + UNIT_POLL
+    verdict = None
+    dead_state = None
+
+    def take(lines: list[str]) -> None:
+        for line in lines:
+            excerpt.append(line)
+            follower.feed(line, now=time.monotonic())
+
+    try:
+        while True:
+            take(source.read(READ_TICK))
+            now = time.monotonic()
+            current = follower.verdict(now=now, hang_seconds=params["hang_timeout"])
+            if current.failed and current.final:
+                verdict = current.to_dict()
+                break
+            if follower.pending_kind == "marker" and now - follower.pending_since >= MARKER_GRACE:
+                verdict = follower.finish().to_dict()
+                break
+            if probe.result is not None:
+                verdict = current.to_dict()
+                verdict.update(state="ready", phase=None, advice="The server is ready.")
+                break
+            if unit and now >= next_unit_poll:
+                next_unit_poll = now + UNIT_POLL
+                state = _unit_state(module, systemctl, unit)
+                result["unit_state"] = {k: v for k, v in state.items() if k != "InvocationID"}
+                if _unit_died(state, invocation_id):
+                    dead_state = state
+                    drain_until = time.monotonic() + DEAD_DRAIN
+                    while time.monotonic() < drain_until:
+                        take(source.read(READ_TICK))
+                    take(source.flush())
+                    verdict = follower.finish().to_dict()
+                    break
+            if now >= deadline:
+                verdict = follower.verdict(now=now).to_dict()
+                break
+    finally:
+        probe.stop()
+        source.close()
+
+    result["elapsed"] = round(time.monotonic() - started, 2)
+    result["log_excerpt"] = list(excerpt)
+    if dead_state is not None and verdict["state"] not in ("oom", "crashed", "hung"):
+        summary = " ".join(
+            f"{k}={dead_state.get(k, '')}" for k in ("ActiveState", "SubState", "Result", "ExecMainStatus")
+        )
+        verdict.update(
+            state="crashed",
+            cause="other",
+            line=f"{unit} stopped: {summary}",
+            advice="The unit stopped without a line that says why: read the log excerpt and the "
+            "unit's journal.",
+        )
+    for key in ("state", "phase", "oom", "cause", "line", "advice"):
+        result[key] = verdict.get(key)
+
+    if verdict["state"] == "ready":
+        check = probe.result
+        result["server_info"] = check["server_info"]
+        result["mismatches"] = check["mismatches"]
+        if check["mismatches"]:
+            differ = "; ".join(
+                f"{m['arg']}: expected {m['expected']!r}, server reports "
+                + ("nothing" if m["why"] == "not reported" else repr(m["reported"]))
+                for m in check["mismatches"]
+            )
+            result["state"] = "mismatch"
+            result["advice"] = (
+                "The server runs with other arguments than the unit was rendered with: "
+                "re-render and restart the unit, or fix expected_args."
+            )
+            module.fail_json(
+                msg=params["msg"] or f"{unit or 'The server'} serves with other arguments: {differ}.",
+                **result,
+            )
+        module.exit_json(msg=f"{unit or 'The server'} is ready after {result['elapsed']} s.", **result)
+    module.fail_json(msg=params["msg"] or _describe(unit, verdict, probe.last_status), **result)
+
+
+if __name__ == "__main__":
+    main()
