@@ -512,6 +512,7 @@ class Plan:
     gpus_used: int
     verdict: str
     reason: str
+    free_bytes_per_gpu: int = 0
     weights_bytes_per_gpu: int = 0
     weights_gib_per_gpu: float = 0.0
     heaviest_stage: int = 0
@@ -634,6 +635,7 @@ def plan(
         gpus_used=layout.gpus_used,
         verdict="fits",
         reason="",
+        free_bytes_per_gpu=int(free_at_init),
         weights_bytes_per_gpu=weights,
         weights_gib_per_gpu=round(weights / GIB, 2),
         heaviest_stage=heaviest,
@@ -733,8 +735,11 @@ def _idle_sentence(shape: ModelShape, layout: Layout, gpus: int) -> str:
 
 
 def headroom_bytes(result: Plan) -> int:
-    """Static-pool bytes left after weights on the tightest GPU: the margin against both OOM phases."""
-    return result.kv_pool_bytes if result.verdict in ("fits", "tight") else 0
+    """Free bytes left after weights on the heaviest GPU, whatever the mem fraction: the margin
+    against a weight-load OOM, which a fallback must widen. Zero for layouts that cannot start."""
+    if result.verdict == "invalid":
+        return 0
+    return max(result.free_bytes_per_gpu - result.weights_bytes_per_gpu, 0)
 
 
 def plan_many(

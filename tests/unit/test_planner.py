@@ -1,0 +1,221 @@
+"""The memory planner against numbers computed here independently, and against the field observation."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from moefleet.logic import planner
+from moefleet.logic.planner import GIB, Layout, plan
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "model-configs"
+K26 = json.loads((DATA / "kimi-k2.6-config.json").read_text())
+DSV3 = json.loads((DATA / "deepseek-v3-config.json").read_text())
+GPUS, MEM = 8, 94.97
+
+# Kimi K2.x routed expert: three 7168 x 2048 matrices, INT4 packed (0.5 B/param) + BF16 scale per 32.
+EXPERT_MATRIX_PARAMS = 7168 * 2048
+INT4_G32 = 0.5 + 2 / 32
+MOE_LAYERS = 60
+
+
+def test_k26_config_is_read_from_text_config():
+    shape = planner.model_shape(K26)
+    assert (shape.num_layers, shape.hidden, shape.n_routed_experts, shape.first_k_dense) == (61, 7168, 384, 1)
+    assert shape.quant.method == "compressed-tensors"
+    assert (shape.quant.num_bits, shape.quant.group_size) == (4, 32)
+    assert shape.vision is not None
+
+
+def test_quantization_config_found_at_top_level_only():
+    config = copy.deepcopy(K26)
+    del config["text_config"]["quantization_config"]
+    assert planner.model_shape(config).quant.method == "compressed-tensors"
+
+
+def test_ignore_list_keeps_attention_shared_and_dense_mlp_bf16():
+    quant = planner.model_shape(K26).quant
+    assert not quant.is_quantized("model.layers.5.self_attn.o_proj")
+    assert not quant.is_quantized("model.layers.5.mlp.shared_experts.up_proj")
+    assert not quant.is_quantized("model.layers.0.mlp.gate_proj")
+    assert not quant.is_quantized("lm_head")
+    assert quant.is_quantized("model.layers.5.mlp.experts.17.down_proj")
+
+
+def test_routed_expert_bytes_for_ep8():
+    result = plan(K26, GPUS, MEM, {"tp_size": 8, "ep_size": 8})
+    packed_and_scales = 48 * MOE_LAYERS * 3 * EXPERT_MATRIX_PARAMS * INT4_G32
+    weight_shapes = 48 * MOE_LAYERS * 3 * 8
+    assert result.weights_breakdown["routed_experts"] == packed_and_scales + weight_shapes
+
+
+def test_routed_experts_total_matches_the_checkpoint_tensor_table():
+    # K2.5's tensor table: 157.50 GiB packed + 19.69 GiB scales for each of the three projections.
+    one_gpu = plan(K26, GPUS, MEM, {"tp_size": 8, "ep_size": 8}).weights_breakdown["routed_experts"]
+    assert one_gpu * 8 / GIB == pytest.approx(3 * (157.50 + 19.6875), abs=0.01)
+
+
+def test_tp8_splits_every_expert_and_holds_the_same_expert_bytes_as_ep8():
+    tp8 = plan(K26, GPUS, MEM, {"tp_size": 8}).weights_breakdown["routed_experts"]
+    ep8 = plan(K26, GPUS, MEM, {"tp_size": 8, "ep_size": 8}).weights_breakdown["routed_experts"]
+    assert tp8 - ep8 == (384 - 48) * MOE_LAYERS * 3 * 8  # only the per-matrix weight_shape differs
+
+
+def test_attention_shards_by_attention_tp_and_replicates_the_a_projections():
+    bf16 = 2
+    replicated = (1536 * 7168 + 576 * 7168 + 1536 + 512 + 2 * 7168) * bf16
+    sharded = (64 * 192 * 1536 + 64 * 256 * 512 + 7168 * 64 * 128) * bf16
+    tp8 = plan(K26, GPUS, MEM, {"tp_size": 8}).weights_breakdown["attention"]
+    assert tp8 == 61 * (replicated + sharded // 8)
+    dpa = {"tp_size": 8, "ep_size": 8, "dp_size": 8, "enable_dp_attention": True}
+    assert plan(K26, GPUS, MEM, dpa).weights_breakdown["attention"] == 61 * (replicated + sharded)
+
+
+def test_embedding_is_replicated_under_dp_attention_and_lm_head_stays_sharded():
+    dpa = {"tp_size": 8, "ep_size": 8, "dp_size": 8, "enable_dp_attention": True}
+    parts = plan(K26, GPUS, MEM, dpa).weights_breakdown
+    assert parts["embed_tokens"] == 163840 * 7168 * 2
+    assert parts["lm_head"] == 163840 * 7168 * 2 // 8
+
+
+def test_pp_split_puts_remainder_layers_last():
+    assert planner.pp_layer_split(61, 8) == [7, 7, 7, 8, 8, 8, 8, 8]
+    assert planner.pp_layer_split(61, 2) == [30, 31]
+
+
+def test_pp8_heaviest_rank_is_the_last_stage_with_lm_head():
+    result = plan(K26, GPUS, MEM, {"tp_size": 1, "pp_size": 8})
+    assert result.heaviest_stage == 7
+    assert result.weights_breakdown["lm_head"] == 163840 * 7168 * 2
+    assert result.weights_breakdown["routed_experts"] == 8 * 384 * (3 * EXPERT_MATRIX_PARAMS * INT4_G32 + 24)
+    # KV for 8 layers only on that stage
+    assert result.kv_bytes_per_token in {(512 + 64) * 2 * 7, (512 + 64) * 2 * 8}
+
+
+def test_kv_bytes_per_token_follow_mla_latent_and_dtype():
+    assert plan(K26, GPUS, MEM, {"tp_size": 8}).kv_bytes_per_token == (512 + 64) * 61 * 2
+    fp8 = plan(K26, GPUS, MEM, {"tp_size": 8, "kv_cache_dtype": "fp8_e4m3"})
+    assert fp8.kv_bytes_per_token == (512 + 64) * 61
+    bf16 = plan(K26, GPUS, MEM, {"tp_size": 8})
+    assert fp8.kv_tokens == pytest.approx(2 * bf16.kv_tokens, rel=1e-4)
+
+
+def test_kv_tokens_are_the_static_pool_minus_weights():
+    result = plan(K26, GPUS, MEM, {"tp_size": 8})
+    free = (MEM - planner.INIT_OVERHEAD_GIB) * GIB
+    fraction = planner.default_mem_fraction_static(MEM * 1024, Layout(tp=8), K26["vision_config"])
+    pool = free * fraction - result.weights_bytes_per_gpu
+    assert result.kv_tokens == int(pool // ((512 + 64) * 61 * 2))
+
+
+def test_default_mem_fraction_follows_sglang_heuristic():
+    # 97248 MiB, TP8: reserved = 512 + 8192*1.5 + 512*2 + 8*1/8*1024 = 14848 MiB
+    gpu_mib = MEM * 1024
+    text_only = planner.default_mem_fraction_static(gpu_mib, Layout(tp=8))
+    assert text_only == round((gpu_mib - 14848) / gpu_mib, 3) == 0.847
+    # K2.x carries a vision tower; SGLang scales by 0.95 for a ViT it reads as ViT-L sized.
+    vlm = planner.default_mem_fraction_static(gpu_mib, Layout(tp=8), K26["vision_config"])
+    assert vlm == pytest.approx(0.847 * 0.95)
+    # DP attention reserves per DP rank; large graph batches reserve more.
+    dpa = Layout(tp=8, ep=8, dp=8, dp_attention=True)
+    assert planner.reserved_memory_mib(gpu_mib, dpa) == 14848 + 512 * 8 * 3 + 512 * 8 * 1.5
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"tp_size": 8},
+        {"tp_size": 8, "ep_size": 8},
+        {"tp_size": 8, "ep_size": 4},
+        {"tp_size": 8, "ep_size": 2},
+        {"tp_size": 1, "pp_size": 8},
+    ],
+)
+def test_layouts_that_served_in_the_field_fit(flags):
+    assert plan(K26, GPUS, MEM, flags).verdict in ("fits", "tight")
+
+
+def test_seed_layout_tp4_ep2_is_oom_and_names_what_was_meant():
+    catalog = {"tp4ep2": {"flags": {"tp_size": 8, "ep_size": 2}}, "tp8": {"flags": {"tp_size": 8}}}
+    result = plan(K26, GPUS, MEM, {"tp_size": 4, "ep_size": 2}, catalog)
+    assert result.verdict == "oom"
+    assert result.gpus_used == 4
+    assert result.weights_gib_per_gpu > MEM
+    # half of 384 experts, each split 2 ways: a quarter of all routed-expert bytes per GPU
+    assert result.weights_breakdown["routed_experts"] == 192 * MOE_LAYERS * (
+        3 * EXPERT_MATRIX_PARAMS // 2 * INT4_G32 + 24
+    )
+    assert "uses only 4 of 8 GPUs" in result.reason
+    assert "192 of the 384 experts" in result.reason
+    assert "did you mean tp4ep2 (--tp-size 8 --ep-size 2)?" in result.reason.lower()
+    assert result.suggested_profile == "tp4ep2"
+    assert result.suggested_flags == {"tp_size": 8, "ep_size": 2}
+
+
+def test_seed_oom_allocation_size_matches_the_field_log():
+    # The field OOM tried to allocate 672 MiB: one projection of 192 experts with the 2048 rows split 2 ways.
+    assert 192 * (2048 // 2) * 7168 * 0.5 / 2**20 == 672
+    shape = planner.model_shape(K26)
+    assert planner.Layout(tp=4, ep=2).moe_tp == 2
+    assert shape.n_routed_experts // 2 == 192
+
+
+def test_idle_gpus_without_catalog_still_suggest_flags():
+    result = plan(K26, GPUS, MEM, {"tp_size": 4, "ep_size": 2})
+    assert result.suggested_profile is None
+    assert "Did you mean --tp-size 8 --ep-size 2?" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        ({"tp_size": 8, "ep_size": 3}, "does not divide --tp-size 8"),
+        ({"tp_size": 8, "dp_size": 3, "enable_dp_attention": True}, "does not divide --tp-size 8"),
+        ({"tp_size": 8, "enable_dp_attention": True}, "needs --dp-size of 2 or more"),
+        ({"tp_size": 16}, "starts 16 GPUs but the host has 8"),
+        ({"tp_size": 8, "mem_fraction_static": 1.5}, "between 0 and 1"),
+        ({"tp_size": 8, "kv_cache_dtype": "int3"}, "--kv-cache-dtype"),
+    ],
+)
+def test_invalid_layouts_say_why(flags, words):
+    result = plan(K26, GPUS, MEM, flags)
+    assert result.verdict == "invalid"
+    assert words in result.reason
+
+
+def test_kv_pool_oom_names_the_fraction_that_would_work():
+    result = plan(K26, GPUS, MEM, {"tp_size": 8, "mem_fraction_static": 0.7})
+    assert result.verdict == "oom"
+    assert "Not enough memory" in result.reason
+    needed = result.weights_bytes_per_gpu / ((MEM - planner.INIT_OVERHEAD_GIB) * GIB)
+    assert f"above {needed:.3f}" in result.reason
+
+
+def test_tight_when_context_length_exceeds_the_pool():
+    result = plan(K26, GPUS, MEM, {"tp_size": 8, "context_length": 262144})
+    assert result.verdict == "tight"
+    assert "262,144" in result.reason
+
+
+def test_deepseek_v3_top_level_fp8_form():
+    shape = planner.model_shape(DSV3)
+    assert shape.quant.method == "fp8" and shape.quant.block == (128, 128)
+    assert shape.vision is None
+    result = plan(DSV3, GPUS, MEM, {"tp_size": 8, "ep_size": 8})
+    # 32 experts x 58 MoE layers x 3 matrices, FP8 + one fp32 scale per 128x128 block
+    per_matrix = EXPERT_MATRIX_PARAMS + (7168 // 128) * (2048 // 128) * 4
+    assert result.weights_breakdown["routed_experts"] == 32 * 58 * 3 * per_matrix
+    assert result.mem_fraction_static == 0.847  # no vision tower, no VLM adjustment
+
+
+def test_bad_configs_raise_sentences():
+    with pytest.raises(planner.PlanError, match="lacks"):
+        planner.model_shape({"hidden_size": 1})
+    with pytest.raises(planner.PlanError, match="JSON object"):
+        planner.model_shape([1, 2])
+    odd = copy.deepcopy(DSV3)
+    odd["quantization_config"] = {"quant_method": "awq"}
+    with pytest.raises(planner.PlanError, match="unknown to the planner"):
+        planner.model_shape(odd)
