@@ -1,0 +1,264 @@
+"""The sglang_readiness module, run as Ansible runs it (a child process reading its args file), against a
+log file written by a thread and a tiny HTTP server on a random local port.
+
+The latency asserted here is generous (< 3 s) to stay clear of slow CI machines; the precise number
+belongs to the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = ROOT / "plugins" / "modules" / "sglang_readiness.py"
+CLASSIFIER = ROOT / "plugins" / "module_utils" / "sglang_log.py"
+LOGS = ROOT / "tests" / "data" / "sglang-logs"
+
+# What Ansible's module_utils loader does for us in a real run: make the classifier importable as
+# ansible.module_utils.sglang_log, then run the module as __main__ with the args file as argv[1].
+BOOT = """
+import importlib.util, runpy, sys
+import ansible.module_utils
+spec = importlib.util.spec_from_file_location("ansible.module_utils.sglang_log", sys.argv[2])
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+spec.loader.exec_module(mod)
+ansible.module_utils.sglang_log = mod
+sys.argv = [sys.argv[3], sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+OOM_LOG = "14-oom_weight_load-gemma3-12b-4070tisuper-create-weights.log"
+RUNTIME_OOM_LOG = "24-oom_runtime-llama4-scout-h100-tp8-400k-prefill-embedding.log"
+SERVER_INFO = {
+    "tp_size": 8,
+    "ep_size": 4,
+    "pp_size": 1,
+    "dp_size": 1,
+    "enable_dp_attention": False,
+    "served_model_name": "kimi-k2.6",
+    "max_total_num_tokens": 46611,
+}
+
+
+class FakeSGLang:
+    """/health_generate answers 503 until ready is set, then 200; /v1/models and /server_info answer."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.requests: list[tuple[str, str | None]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's naming
+                fake.requests.append((self.path, self.headers.get("Authorization")))
+                if self.path == "/health_generate":
+                    self._answer(200 if fake.ready.is_set() else 503, {})
+                elif self.path == "/v1/models":
+                    self._answer(200, {"data": [{"id": "kimi-k2.6"}]})
+                elif self.path == "/server_info":
+                    self._answer(200, SERVER_INFO)
+                else:
+                    self._answer(404, {})
+
+            def _answer(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_server():
+    server = FakeSGLang()
+    yield server
+    server.close()
+
+
+def start_module(tmp_path: Path, args: dict, check_mode: bool = False) -> subprocess.Popen:
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check_mode}}))
+    return subprocess.Popen(
+        [sys.executable, "-c", BOOT, str(args_file), str(CLASSIFIER), str(MODULE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[dict, float]:
+    """The module's JSON result and the wall-clock time it exited."""
+    out, err = proc.communicate(timeout=timeout)
+    ended = time.monotonic()
+    assert out.strip(), f"no result; stderr: {err}"
+    return json.loads(out), ended
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(line + "\n")
+        handle.flush()
+
+
+def split_at(name: str, marker: str) -> tuple[list[str], list[str]]:
+    lines = (LOGS / name).read_text(encoding="utf-8").split("\n")
+    cut = next(i for i, line in enumerate(lines) if marker in line)
+    return lines[:cut], lines[cut:]
+
+
+def test_ready_when_http_answers_and_the_args_match(tmp_path, fake_server):
+    log = tmp_path / "server.log"
+    before, after = split_at("18-ready-qwq32b-tp4-pcie-avail-mem-2.09.log", "Uvicorn running on")
+    write_lines(log, before)
+    proc = start_module(
+        tmp_path,
+        {
+            "log_path": str(log),
+            "url": fake_server.url,
+            "api_key": "s3cret",
+            "sleep": 0.2,
+            "expected_args": {
+                "tp_size": "8",
+                "ep_size": 4,
+                "enable_dp_attention": False,
+                "served_model_name": "kimi-k2.6",
+            },
+        },
+    )
+    time.sleep(1.0)
+    write_lines(log, after)
+    fake_server.ready.set()
+    result, _ = finish(proc)
+    assert proc.returncode == 0, result
+    assert result["state"] == "ready" and not result.get("failed")
+    assert result["changed"] is False
+    assert result["mismatches"] == [] and result["server_info"]["tp_size"] == 8
+    assert result["elapsed"] < 10
+    assert any(line.endswith("The server is fired up and ready to roll!") for line in result["log_excerpt"])
+    paths = [path for path, _ in fake_server.requests]
+    assert paths.index("/health_generate") < paths.index("/v1/models") < paths.index("/server_info")
+    assert all(auth == "Bearer s3cret" for _, auth in fake_server.requests)
+    assert "s3cret" not in json.dumps(result)
+
+
+def test_oom_is_reported_within_a_second_of_its_line(tmp_path, fake_server):
+    log = tmp_path / "server.log"
+    # SGLang writes the child's traceback as one record: "Scheduler hit an exception: ..." up to the OOM
+    before, after = split_at(OOM_LOG, "Scheduler hit an exception")
+    write_lines(log, before)
+    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "timeout": 60})
+    time.sleep(1.5)  # the module is following the file by now
+    assert proc.poll() is None, "the module decided before the deciding line"
+    written = time.monotonic()
+    write_lines(log, after)
+    result, ended = finish(proc)
+    assert ended - written < 3.0
+    assert proc.returncode == 1 and result["failed"] is True
+    assert (result["state"], result["phase"]) == ("oom", "weight_load")
+    assert result["oom"] == {
+        "phase": "weight_load",
+        "gpu": 0,
+        "tried_to_allocate_mib": 114.0,
+        "free_mib": 54.38,
+        "capacity_gib": 15.58,
+        "rank": "TP0",
+    }
+    assert "will not help" in result["msg"] and "GPU 0" in result["msg"]
+    assert result["line"].startswith("torch.OutOfMemoryError")
+    assert 0 < len(result["log_excerpt"]) <= 40
+    assert {"elapsed", "cause", "advice", "log_excerpt", "phase"} <= set(result)
+
+
+def test_sigquit_first_then_the_traceback(tmp_path, fake_server):
+    """Log 24: the parent's sigquit comes before the child's traceback; the OOM still decides."""
+    log = tmp_path / "server.log"
+    write_lines(log, (LOGS / RUNTIME_OOM_LOG).read_text().split("\n"))
+    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "timeout": 60})
+    result, _ = finish(proc)
+    assert (result["state"], result["phase"], result["oom"]["gpu"]) == ("oom", "runtime", 5)
+
+
+def test_a_hang_is_reported_with_its_phase(tmp_path, fake_server):
+    log = tmp_path / "server.log"
+    write_lines(log, (LOGS / "22-hang-rtx6000ada-tp2-stuck-nccl-init.log").read_text().split("\n"))
+    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "hang_timeout": 1})
+    result, _ = finish(proc)
+    assert proc.returncode == 1
+    assert (result["state"], result["phase"]) == ("hung", "nccl_init")
+    assert "NCCL_P2P_DISABLE=1" in result["advice"]
+
+
+def test_a_timeout_while_starting_fails_as_starting(tmp_path, fake_server):
+    log = tmp_path / "server.log"
+    write_lines(log, ["[2025-01-01 00:00:00 TP0] Load weight begin. avail mem=93.61 GB"])
+    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "timeout": 1, "sleep": 0.2})
+    result, _ = finish(proc)
+    assert proc.returncode == 1
+    assert (result["state"], result["phase"]) == ("starting", "weight_load")
+    assert "HTTP 503" in result["msg"]
+
+
+def test_server_args_that_differ_fail_and_name_each(tmp_path, fake_server):
+    log = tmp_path / "server.log"
+    write_lines(log, (LOGS / "18-ready-qwq32b-tp4-pcie-avail-mem-2.09.log").read_text().split("\n"))
+    fake_server.ready.set()
+    proc = start_module(
+        tmp_path,
+        {
+            "log_path": str(log),
+            "url": fake_server.url,
+            "sleep": 0.2,
+            "expected_args": {"tp_size": 4, "ep_size": 4, "moe_a2a_backend": "deepep"},
+        },
+    )
+    result, _ = finish(proc)
+    assert proc.returncode == 1 and result["state"] == "mismatch"
+    assert "tp_size: expected 4, server reports 8" in result["msg"]
+    assert "moe_a2a_backend: expected 'deepep', server reports nothing" in result["msg"]
+    assert [m["arg"] for m in result["mismatches"]] == ["tp_size", "moe_a2a_backend"]
+
+
+def test_check_mode_returns_at_once_without_waiting(tmp_path):
+    proc = start_module(tmp_path, {"log_path": str(tmp_path / "never.log"), "timeout": 600}, check_mode=True)
+    result, _ = finish(proc, timeout=15)
+    assert proc.returncode == 0
+    assert result["skipped"] is True and result["changed"] is False
+    assert result["elapsed"] == 0.0 and result["state"] == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ({"timeout": 0}, "timeout must be a positive"),
+        ({"url": "127.0.0.1:30000"}, "url must start with http"),
+        ({"sleep": 0}, "sleep must be positive"),
+    ],
+)
+def test_argument_errors_fail_before_any_waiting(tmp_path, args, words):
+    started = time.monotonic()
+    proc = start_module(tmp_path, {"log_path": str(tmp_path / "never.log"), **args})
+    result, ended = finish(proc, timeout=15)
+    assert proc.returncode == 1 and words in result["msg"]
+    assert ended - started < 5
