@@ -178,10 +178,11 @@ def ensure_mirror(tag: str) -> str:
                "-m", "http.server", str(MIRROR_PORT), "--directory", "/srv/mirror")
     elif mirrors[MIRROR]["State"] != "running":
         podman("start", MIRROR)
-    return f"http://{container_ip(MIRROR)}:{MIRROR_PORT}"
+    # Hosts reach it by name through the lab network's DNS (inventory/sim/group_vars: lab_mirror_url).
+    return f"http://{MIRROR}:{MIRROR_PORT}"
 
 
-def write_inventory(path: Path, hosts: dict[str, str], mirror_url: str) -> None:
+def write_inventory(path: Path, hosts: dict[str, str]) -> None:
     lines = [
         "# Written by sim/lab/lab.py; the lab's other variables are in inventory/sim/group_vars/.",
         "all:",
@@ -190,18 +191,21 @@ def write_inventory(path: Path, hosts: dict[str, str], mirror_url: str) -> None:
         f"    ansible_ssh_private_key_file: {SSH_KEY}",
         # Lab hosts get fresh host keys on every creation, at addresses that are reused.
         "    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
-        f"    lab_mirror_url: {mirror_url}",
         "  children:",
         "    blackwell:",
         "      hosts:",
     ]
     for short, ip in sorted(hosts.items(), key=lambda kv: int(kv[0].rsplit("-", 1)[1])):
         lines += [f"        {short}:", f"          ansible_host: {ip}"]
-    text = "\n".join(lines) + "\n"
-    if not path.exists() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        log(f"wrote {path}")
+    ssh = [f"Host {short}\n  HostName {ip}\n  User root\n  IdentityFile {SSH_KEY}\n"
+           "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+           for short, ip in sorted(hosts.items())]
+    # ssh_config beside the inventory: `ssh -F <dir>/ssh_config lab-1`, and testinfra's ssh backend.
+    for target, text in ((path, "\n".join(lines) + "\n"), (path.parent / "ssh_config", "".join(ssh))):
+        if not target.exists() or target.read_text() != text:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            log(f"wrote {target}")
 
 
 def wait_for_ansible(inventory: Path, names: list[str], timeout: float = 120) -> None:
@@ -242,7 +246,10 @@ def up(lab: str, count: int, inventory: Path) -> None:
             podman("start", name)
             log(f"restarted {name}")
     hosts = {name.removeprefix(f"{PREFIX}-"): container_ip(name) for name in wanted}
-    write_inventory(inventory, hosts, mirror_url)
+    write_inventory(inventory, hosts)
+    group_vars = inventory.parent / "group_vars"
+    if inventory.parent != INVENTORY.parent and not group_vars.exists():
+        group_vars.symlink_to(INVENTORY.parent / "group_vars")  # the lab's variables, for any lab
     wait_for_ansible(inventory, list(hosts))
     log(f"lab {lab}: {count} host(s) answer Ansible ({time.monotonic() - started:.1f} s); mirror at {mirror_url}")
 
@@ -254,6 +261,7 @@ def down(lab: str | None, inventory: Path) -> None:
     if lab is None and podman("network", "exists", NETWORK, check=False).returncode == 0:
         podman("network", "rm", NETWORK)
     inventory.unlink(missing_ok=True)
+    (inventory.parent / "ssh_config").unlink(missing_ok=True)
 
 
 def status() -> None:
