@@ -603,7 +603,7 @@ class LogFollower:
         if verdict.cause == _MARKER:  # a marker alone: the child failed, nobody said why
             verdict = Verdict(
                 state="crashed",
-                phase=self._phase_of(verdict.rank),
+                phase=self._frames_phase() or self._phase_of(verdict.rank),
                 cause=self._hint_cause or "other",
                 line=verdict.line,
                 line_number=verdict.line_number,
@@ -624,7 +624,7 @@ class LogFollower:
                 cause = self._hint_cause or "other"
                 pending = Verdict(
                     state="crashed",
-                    phase=self._phase_of(pending.rank),
+                    phase=self._frames_phase() or self._phase_of(pending.rank),
                     cause=cause,
                     line=pending.line,
                     line_number=pending.line_number,
