@@ -12,7 +12,7 @@ description:
   - Merges the shipped catalog with the operator's additions, validates it against its JSON Schema
     and its cross-references (flag invariants, NCCL sets, fallbacks), and resolves the profile every
     host is to serve (C(-e profile=NAME) overrides the hosts' C(sglang_profile)).
-  - Every problem is reported as a sentence (C(path: message) for the schema), before any host is touched.
+  - Every problem is reported as a sentence (schema errors as C(path) colon message), before any host is touched.
   - Runs on the controller (C(hosts: localhost)); it changes nothing.
 options:
   catalog:
@@ -42,7 +42,9 @@ EXAMPLES = r"""
     catalog: "{{ lookup('file', 'profiles/catalog.yml') | from_yaml }}"
     schema: "{{ lookup('file', 'schemas/profile_catalog.schema.json') | from_json }}"
     requested: "{{ profile | default(omit) }}"
-    host_profiles: "{{ dict(groups['blackwell'] | zip(groups['blackwell'] | map('extract', hostvars, 'sglang_profile'))) }}"
+    host_profiles:
+      gpu-node-01: tp2ep4
+      gpu-node-02: null
 """
 
 RETURN = r"""

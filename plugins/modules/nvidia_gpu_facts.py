@@ -10,7 +10,7 @@ module: nvidia_gpu_facts
 short_description: GPU facts from nvidia-smi
 description:
   - Runs C(nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,compute_cap)
-    and returns the host's GPUs under C(ansible_facts.nvidia_gpus): count, name, memory, driver
+    and returns the host's GPUs under C(ansible_facts.nvidia_gpus) with count, name, memory, driver
     branch, compute capability and the GPU memory already in use.
   - Read-only; runs in check mode too.
 options:

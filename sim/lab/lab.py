@@ -184,6 +184,7 @@ def ensure_mirror(tag: str) -> str:
 
 def write_inventory(path: Path, hosts: dict[str, str]) -> None:
     lines = [
+        "---",
         "# Written by sim/lab/lab.py; the lab's other variables are in inventory/sim/group_vars/.",
         "all:",
         "  vars:",
