@@ -262,3 +262,72 @@ def test_argument_errors_fail_before_any_waiting(tmp_path, args, words):
     result, ended = finish(proc, timeout=15)
     assert proc.returncode == 1 and words in result["msg"]
     assert ended - started < 5
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# stands in for `systemctl show -p ... UNIT`: prints the state the test wrote
+cat "$FAKE_UNIT_STATE"
+"""
+FAKE_JOURNALCTL = """#!/bin/sh
+# stands in for `journalctl --follow ... _SYSTEMD_INVOCATION_ID=...`: records its args, follows a file
+echo "$@" > "$FAKE_JOURNAL_ARGS"
+exec tail -n +1 -f "$FAKE_JOURNAL"
+"""
+
+
+def fake_unit(tmp_path: Path, monkeypatch, active: str = "active", sub: str = "running") -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("systemctl", FAKE_SYSTEMCTL), ("journalctl", FAKE_JOURNALCTL)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    state = tmp_path / "unit.state"
+    set_unit_state(state, active, sub)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_UNIT_STATE", str(state))
+    monkeypatch.setenv("FAKE_JOURNAL", str(tmp_path / "journal.log"))
+    monkeypatch.setenv("FAKE_JOURNAL_ARGS", str(tmp_path / "journalctl.args"))
+    (tmp_path / "journal.log").write_text("")
+    return state
+
+
+def set_unit_state(path: Path, active: str, sub: str, result: str = "success", status: str = "0") -> None:
+    path.write_text(
+        f"ActiveState={active}\nSubState={sub}\nResult={result}\nExecMainStatus={status}\n"
+        "InvocationID=0123456789abcdef0123456789abcdef\n"
+    )
+
+
+def test_follows_the_units_current_invocation(tmp_path, fake_server, monkeypatch):
+    """Log 34: sigquit, then a traceback cut before its exception line. The marker decides after a
+    short grace (the exception line that would say why never comes)."""
+    fake_unit(tmp_path, monkeypatch)
+    lines = (LOGS / "34-crash_other-rtxpro6000-glm52-nvfp4-sigquit-first-cuda-graph-init.log").read_text()
+    proc = start_module(tmp_path, {"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
+    time.sleep(1.5)
+    assert proc.poll() is None
+    written = time.monotonic()
+    write_lines(tmp_path / "journal.log", lines.split("\n"))
+    result, ended = finish(proc)
+    assert ended - written < 3.0
+    assert (result["state"], result["phase"], result["cause"]) == ("crashed", "cuda_graph", "other")
+    assert result["line"].endswith("Received sigquit from a child process. It usually means the child failed.")
+    assert result["invocation_id"] == "0123456789abcdef0123456789abcdef"
+    args = (tmp_path / "journalctl.args").read_text()
+    assert "_SYSTEMD_INVOCATION_ID=0123456789abcdef0123456789abcdef" in args and "--follow" in args
+
+
+def test_a_unit_that_dies_silently_is_a_crash_that_names_its_state(tmp_path, fake_server, monkeypatch):
+    state = fake_unit(tmp_path, monkeypatch)
+    write_lines(tmp_path / "journal.log", ["[2025-01-01 00:00:00 TP0] Load weight begin. avail mem=93.61 GB"])
+    proc = start_module(tmp_path, {"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
+    time.sleep(1.0)
+    died = time.monotonic()
+    set_unit_state(state, "inactive", "dead", result="success", status="0")  # some versions exit 0
+    result, ended = finish(proc)
+    assert ended - died < 3.0
+    assert proc.returncode == 1
+    assert (result["state"], result["cause"]) == ("crashed", "other")
+    assert result["line"] == (
+        "sglang.service stopped: ActiveState=inactive SubState=dead Result=success ExecMainStatus=0"
+    )
