@@ -1,0 +1,82 @@
+"""Injected faults: env SGLANG_SIM_FAULTS = JSON list of {"fault": NAME, "flags": {...}, ...}.
+
+A fault applies to this start when every entry of its optional "flags" equals the parsed flag (keys as
+ServerArgs fields or as flags: "tp_size", "tp-size", "--tp-size"); without "flags" it applies to every
+start. Other keys ("profile", comments) are ignored. Optional "gpus": [ids] restricts the OOM faults to those
+GPUs and places the stale process; optional "mib" sizes the stale process's memory on each of its GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from . import gpu as G
+from .clock import Clock
+from .logs import line
+
+FAULTS = ("oom_weight_load", "oom_kv_cache", "oom_cuda_graph", "crash", "hang", "stale_gpu_process",
+          "port_in_use")
+
+
+def _norm(key: str) -> str:
+    return key.lstrip("-").replace("-", "_")
+
+
+def _matches(args, flags: dict) -> bool:
+    for key, want in (flags or {}).items():
+        have = getattr(args, _norm(key), None)
+        if isinstance(have, bool) or isinstance(want, bool):
+            if bool(have) != (want if isinstance(want, bool) else str(want).lower() in ("1", "true", "yes")):
+                return False
+        elif have is None or str(have) != str(want):
+            try:
+                if float(have) != float(want):
+                    return False
+            except (TypeError, ValueError):
+                return False
+    return True
+
+
+def active_faults(args, clock: Clock) -> list[dict]:
+    raw = os.environ.get("SGLANG_SIM_FAULTS", "").strip()
+    if not raw:
+        return []
+    try:
+        entries = json.loads(raw)
+    except ValueError as exc:
+        line(clock, "", f"SGLANG_SIM_FAULTS is not valid JSON, ignored: {exc}")
+        return []
+    if isinstance(entries, dict):
+        entries = [entries]
+    out = []
+    for e in entries:
+        if not isinstance(e, dict) or e.get("fault") not in FAULTS:
+            line(clock, "", f"SGLANG_SIM_FAULTS: unknown fault entry ignored: {e!r}")
+            continue
+        if _matches(args, e.get("flags")):
+            out.append(e)
+    return out
+
+
+def ensure_stale_holder(fault: dict, spec: dict) -> None:
+    """Leave a detached `sglang::scheduler_TP0` holding GPU memory, unless one from this fault is alive."""
+    for rec in G.live_processes():
+        if rec.get("stale"):
+            return
+    gpus = fault.get("gpus") if isinstance(fault.get("gpus"), list) else [0]
+    mib = int(fault.get("mib", 81920))
+    cmd = [sys.executable, "-m", "sglang._sim.stale", json.dumps({"gpus": gpus, "mib": mib})]
+    env = dict(os.environ)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, env=env)
+    p.wait()  # the first child forks the holder and exits
+    for _ in range(100):  # wait until the holder has written its state
+        if any(rec.get("stale") for rec in G.live_processes()):
+            return
+        import time
+        time.sleep(0.02)

@@ -1,0 +1,349 @@
+"""SGLang's HTTP API (python/sglang/srt/entrypoints/http_server.py), served with the standard library."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from . import throughput as T
+from .logs import emit
+
+WORDS = ["the", "model", "answers", "with", "simulated", "tokens", "from", "the", "lab", "while", "the", "real",
+         "hardware", "is", "elsewhere", "and", "every", "number", "reported", "here", "follows", "the",
+         "documented", "throughput", "model", "of", "the", "simulator"]
+VERSION = "0.5.10"
+
+
+class State:
+    def __init__(self, args, plan, cfg, clock, prefix_tp0: str):
+        self.args = args
+        self.plan = plan
+        self.cfg = cfg
+        self.clock = clock
+        self.prefix_tp0 = prefix_tp0
+        self.ready = False
+        self.lock = threading.Lock()
+        self.running = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_total = 0
+        self.last_gen_throughput = 0.0
+        self.s1, self.agg = T.layout_rates(args.tp_size, args.pp_size, args.ep_size, args.dp_size,
+                                           args.enable_dp_attention)
+        self.created = int(time.time())
+
+
+def count_tokens(text: str) -> int:
+    return max(1, (len(text) + 3) // 4)
+
+
+def completion_words(seed: str, max_tokens: int | None) -> tuple[list[str], str]:
+    h = int(hashlib.sha256(seed.encode()).hexdigest(), 16)
+    natural = 12 + h % 29
+    n = natural if max_tokens is None else min(natural, max_tokens)
+    words = [WORDS[int(hashlib.sha256(f"{seed}|{i}".encode()).hexdigest()[:8], 16) % len(WORDS)]
+             for i in range(n)]
+    return words, ("length" if max_tokens is not None and natural > max_tokens else "stop")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    state: State = None  # set by make_server
+
+    def log_message(self, fmt, *args):  # uvicorn access log format
+        pass
+
+    def _access(self, code: int) -> None:
+        phrase = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+                  503: "Service Unavailable", 405: "Method Not Allowed"}.get(code, "")
+        host, port = self.client_address[:2]
+        emit(f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" {code} {phrase}')
+
+    def _send(self, code: int, body, ctype: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else (json.dumps(body) if not isinstance(body, str) else body).encode()
+        self.send_response(code)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self._access(code)
+
+    def _body(self) -> dict:
+        n = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError:
+            return {}
+
+    def _authorized(self) -> bool:
+        key = self.state.args.api_key
+        if not key or self.command == "OPTIONS":
+            return True
+        path = self.path.split("?")[0]
+        if path.startswith("/health") or path.startswith("/metrics"):
+            return True
+        if self.headers.get("Authorization") != "Bearer " + key:
+            self._send(401, {"error": "Unauthorized"})
+            return False
+        return True
+
+    # ----------------------------------------------------------------------------------------
+    def do_GET(self):  # noqa: N802
+        if not self._authorized():
+            return
+        path = self.path.split("?")[0]
+        st = self.state
+        if path in ("/health", "/health_generate"):
+            if st.ready:
+                self._send(200, b"", "text/plain")
+            else:
+                self._send(503, b"", "text/plain")
+        elif path in ("/server_info", "/get_server_info"):
+            self._send(200, server_info(st))
+        elif path in ("/model_info", "/get_model_info"):
+            self._send(200, {
+                "model_path": st.args.model_path, "tokenizer_path": st.args.tokenizer_path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": st.cfg.is_multimodal, "has_audio_understanding": False,
+                "model_type": st.cfg.raw.get("model_type"), "architectures": st.cfg.raw.get("architectures"),
+            })
+        elif path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{
+                "id": st.args.served_model_name, "object": "model", "created": st.created, "owned_by": "sglang",
+                "root": st.args.served_model_name, "parent": None, "max_model_len": st.plan.context_len}]})
+        elif path == "/metrics" and st.args.enable_metrics:
+            self._send(200, metrics(st), "text/plain; version=0.0.4; charset=utf-8")
+        elif path in ("/get_load", "/v1/loads"):
+            self._send(200, [{"num_reqs": st.running, "num_waiting_reqs": 0,
+                              "num_tokens": 0}])
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self):  # noqa: N802
+        if not self._authorized():
+            return
+        path = self.path.split("?")[0]
+        body = self._body()
+        if not self.state.ready and path in ("/generate", "/v1/chat/completions", "/v1/completions"):
+            pass  # SGLang queues requests that arrive during warm-up; answer after the fact
+        if path == "/generate":
+            self._generate(body)
+        elif path == "/v1/chat/completions":
+            self._chat(body)
+        elif path == "/v1/completions":
+            self._completion(body)
+        elif path in ("/flush_cache",):
+            self._send(200, b"Cache flushed.\nPlease check backend logs for more details. (When there are "
+                            b"running or waiting requests, the operation will not be performed.)\n", "text/plain")
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    # ----------------------------------------------------------------------------------------
+    def _run(self, prompt: str, max_tokens: int | None, stream_cb=None):
+        """Decode following the throughput model; sleep scaled simulated time. Returns stats."""
+        st = self.state
+        words, finish = completion_words(prompt, max_tokens)
+        ptoks = count_tokens(prompt)
+        with st.lock:
+            st.running += 1
+            b = st.running
+            st.requests_total += 1
+        try:
+            speed = T.per_request(b, st.s1, st.agg)
+            ttft = ptoks / (5 * st.agg) + 1.0 / speed
+            st.clock.sleep_sim(ttft)
+            for i, w in enumerate(words):
+                if i:
+                    st.clock.sleep_sim(1.0 / speed)
+                if stream_cb:
+                    stream_cb(i, (" " if i else "") + w)
+        finally:
+            with st.lock:
+                st.running -= 1
+                st.prompt_tokens_total += ptoks
+                st.generation_tokens_total += len(words)
+                st.last_gen_throughput = T.aggregate(b, st.s1, st.agg)
+        e2e = ttft + (len(words) - 1) / speed
+        return words, finish, ptoks, e2e, speed
+
+    def _sse_start(self):
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: str) -> None:
+        raw = data.encode()
+        self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+        self.wfile.flush()
+
+    def _sse_end(self):
+        self._chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        self._access(200)
+
+    def _generate(self, body: dict):
+        text = body.get("text") or ""
+        if isinstance(text, list):
+            text = text[0] if text else ""
+        sp = body.get("sampling_params") or {}
+        max_new = sp.get("max_new_tokens", 128)
+        rid = uuid.uuid4().hex
+        if body.get("stream"):
+            self._sse_start()
+            acc = []
+
+            def cb(i, piece):
+                acc.append(piece)
+                self._chunk("data: " + json.dumps({"text": "".join(acc), "meta_info": {
+                    "id": rid, "finish_reason": None, "prompt_tokens": count_tokens(text),
+                    "completion_tokens": i + 1}}) + "\n\n")
+            words, finish, ptoks, e2e, _ = self._run(text, max_new, cb)
+            self._chunk("data: " + json.dumps({"text": " ".join(words), "meta_info": self._meta(
+                rid, finish, ptoks, len(words), e2e, max_new)}) + "\n\n")
+            self._sse_end()
+            return
+        words, finish, ptoks, e2e, _ = self._run(text, max_new)
+        self._send(200, {"text": " ".join(words), "output_ids": list(range(len(words))),
+                         "meta_info": self._meta(rid, finish, ptoks, len(words), e2e, max_new)})
+
+    @staticmethod
+    def _meta(rid, finish, ptoks, ctoks, e2e, max_new):
+        fr = {"type": "length", "length": max_new} if finish == "length" else {"type": "stop", "matched": 163586}
+        return {"id": rid, "finish_reason": fr, "prompt_tokens": ptoks, "weight_version": "default",
+                "completion_tokens": ctoks, "cached_tokens": 0, "e2e_latency": round(e2e, 4)}
+
+    def _chat(self, body: dict):
+        st = self.state
+        msgs = body.get("messages") or []
+        if not msgs:
+            self._send(400, {"object": "error", "message": "messages must not be empty", "type": "BadRequestError",
+                             "param": None, "code": 400})
+            return
+        prompt = "\n".join(_content_text(m.get("content")) for m in msgs)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        cid = uuid.uuid4().hex
+        created = int(time.time())
+        model = body.get("model") or st.args.served_model_name
+        if body.get("stream"):
+            self._sse_start()
+            self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {"role": "assistant",
+                                                                                 "content": ""}, None)) + "\n\n")
+
+            def cb(i, piece):
+                self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {"content": piece}, None))
+                            + "\n\n")
+            words, finish, ptoks, _, _ = self._run(prompt, max_tokens, cb)
+            last = _chat_chunk(cid, created, model, {}, finish)
+            opts = body.get("stream_options") or {}
+            if opts.get("include_usage"):
+                self._chunk("data: " + json.dumps(last) + "\n\n")
+                last = _chat_chunk(cid, created, model, None, None)
+                last["choices"] = []
+                last["usage"] = _usage(ptoks, len(words))
+            self._chunk("data: " + json.dumps(last) + "\n\n")
+            self._sse_end()
+            return
+        words, finish, ptoks, _, _ = self._run(prompt, max_tokens)
+        self._send(200, {
+            "id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words),
+                                                 "reasoning_content": None, "tool_calls": None},
+                         "logprobs": None, "finish_reason": finish, "matched_stop": 163586 if finish == "stop"
+                         else None}],
+            "usage": _usage(ptoks, len(words)),
+            "metadata": {"weight_version": "default"},
+        })
+
+    def _completion(self, body: dict):
+        st = self.state
+        prompt = body.get("prompt") or ""
+        if isinstance(prompt, list):
+            prompt = prompt[0] if prompt else ""
+        max_tokens = body.get("max_tokens", 16)
+        words, finish, ptoks, _, _ = self._run(str(prompt), max_tokens)
+        self._send(200, {
+            "id": uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+            "model": body.get("model") or st.args.served_model_name,
+            "choices": [{"index": 0, "text": " ".join(words), "logprobs": None, "finish_reason": finish}],
+            "usage": _usage(ptoks, len(words)),
+        })
+
+
+def _content_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _usage(p: int, c: int) -> dict:
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": None}
+
+
+def _chat_chunk(cid, created, model, delta, finish):
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def server_info(st: State) -> dict:
+    from .args import SERVER_INFO_FIELDS
+    info = {k: getattr(st.args, k, None) for k in SERVER_INFO_FIELDS}
+    info["max_running_requests"] = st.plan.max_running_requests
+    info["context_length"] = st.plan.context_len
+    info["max_total_num_tokens"] = st.plan.max_total_num_tokens
+    info["internal_states"] = [{
+        "max_total_num_tokens": st.plan.max_total_num_tokens, "max_running_requests": st.plan.max_running_requests,
+        "cuda_graph_max_bs": st.plan.cuda_graph_max_bs, "last_gen_throughput": round(st.last_gen_throughput, 2),
+        "memory_usage": {
+            "weight": round(max(rp.weights_gib_reported for rp in st.plan.ranks), 2),
+            "kvcache": round(max(rp.kv_bytes for rp in st.plan.ranks) / (1 << 30), 2),
+            "graph": round(max(rp.graph_bytes for rp in st.plan.ranks) / (1 << 30), 2),
+            "token_capacity": st.plan.max_total_num_tokens,
+        },
+    }]
+    info["version"] = VERSION
+    return info
+
+
+def metrics(st: State) -> str:
+    labels = f'model_name="{st.args.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
+    rows = [
+        ("sglang:num_running_reqs", "gauge", "The number of running requests.", st.running),
+        ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
+        ("sglang:num_used_tokens", "gauge", "The number of used tokens.", 0),
+        ("sglang:token_usage", "gauge", "The token usage.", 0.0),
+        ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", round(st.last_gen_throughput, 2)),
+        ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
+        ("sglang:max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV cache pool.",
+         st.plan.max_total_num_tokens),
+    ]
+    out = []
+    for name, kind, help_, val in rows:
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {val}"]
+    counters = [
+        ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", st.prompt_tokens_total),
+        ("sglang:generation_tokens_total", "Number of generation tokens processed.", st.generation_tokens_total),
+        ("sglang:num_requests_total", "Number of requests processed.", st.requests_total),
+    ]
+    for name, help_, val in counters:
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name}{{{labels}}} {float(val)}"]
+    return "\n".join(out) + "\n"
+
+
+def make_server(host: str, port: int, state: State) -> ThreadingHTTPServer:
+    handler = type("SimHandler", (Handler,), {"state": state})
+    ThreadingHTTPServer.allow_reuse_address = True
+    srv = ThreadingHTTPServer((host, port), handler)
+    srv.daemon_threads = True
+    return srv

@@ -1,0 +1,206 @@
+"""The main process of `python -m sglang.launch_server` (the simulator).
+
+Parses SGLang's flags, checks them as SGLang does, plans the start-up of every scheduler rank, starts one
+process per rank, serves HTTP once the ranks are ready, and on a rank's failure dies like SGLang:
+`Received sigquit from a child process. It usually means the child failed.` then SIGKILL to the whole tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import faults as F
+from . import gpu as G
+from . import tracebacks as TB
+from .args import parse_args
+from .clock import Clock
+from .http import State, make_server
+from .logs import emit, line
+from .model import ConfigError, load_config
+from .plan import T_WARMUP, build_plan
+
+CHILDREN: list[subprocess.Popen] = []
+_DYING = threading.Event()
+
+
+def kill_process_tree(include_parent: bool) -> None:
+    """sglang.srt.utils.kill_process_tree: SIGKILL children, then (optionally) ourselves."""
+    for p in CHILDREN:
+        with contextlib.suppress(ProcessLookupError):
+            p.kill()
+    if include_parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def visible_gpus(spec: dict) -> list[int]:
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = int(spec["count"])
+    if cvd is None:
+        return list(range(count))
+    out = []
+    for tok in cvd.split(","):
+        tok = tok.strip()
+        if not tok.isdigit() or int(tok) >= count:
+            break  # CUDA stops at the first invalid entry
+        out.append(int(tok))
+    return out
+
+
+def server_args_repr(args) -> str:
+    keys = sorted(k for k in vars(args) if not k.startswith("_"))
+    return "ServerArgs(" + ", ".join(f"{k}={getattr(args, k)!r}" for k in keys) + ")"
+
+
+def check_args(args) -> None:
+    """Checks SGLang runs in the main process before any scheduler starts (exception -> exit 1)."""
+    if args.tp_size < 1 or args.pp_size < 1 or args.ep_size < 1 or args.dp_size < 1:
+        raise ValueError("tp_size, pp_size, ep_size and dp_size must be positive")
+    if args.tp_size % args.ep_size != 0:
+        raise ValueError(f"tp_size {args.tp_size} must be divisible by ep_size {args.ep_size}")
+    if args.enable_dp_attention and args.tp_size % args.dp_size != 0:
+        raise AssertionError("tp_size must be divisible by dp_size when dp attention is enabled")
+    if args.enable_dp_lm_head and not args.enable_dp_attention:
+        raise AssertionError("Please enable dp attention when setting enable_dp_lm_head. ")
+    if (args.tp_size * args.pp_size) % args.nnodes != 0:
+        raise ValueError("tp_size * pp_size must be divisible by the number of nodes.")
+    if args.pp_size > 1 and (args.speculative_algorithm is not None or args.enable_mixed_chunk):
+        raise ValueError("Pipeline parallelism is not compatible with overlap schedule, speculative decoding, "
+                         "or mixed chunked prefill.")
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static < 1:
+        raise AssertionError(f"mem_fraction_static must be in (0, 1), got {args.mem_fraction_static}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    clock = Clock()
+    clock.logical = 0.0
+    main_pid = os.getpid()
+    line(clock, "", f"server_args={server_args_repr(args)}")
+    try:
+        check_args(args)
+        cfg = load_config(args.model_path)
+    except (ValueError, AssertionError, ConfigError) as exc:
+        kind = type(exc).__name__ if not isinstance(exc, ConfigError) else "OSError"
+        emit(TB.main_exception(kind, str(exc), [
+            (os.path.join(TB.PKG, "srt/server_args.py"), 4551, "prepare_server_args",
+             "return ServerArgs.from_cli_args(raw_args)"),
+            (os.path.join(TB.PKG, "srt/server_args.py"), 620, "__post_init__", "self.check_server_args()"),
+        ]))
+        sys.exit(1)
+    if args.pp_size > 1:
+        line(clock, "", "Pipeline parallelism is incompatible with overlap schedule.")
+    if args.enable_dp_attention:
+        line(clock, "", f"DP attention is enabled. The chunked prefill size is adjusted to "
+                        f"{(args.chunked_prefill_size or 8192) // args.dp_size} to avoid MoE kernel issues. ")
+    spec = G.load_spec()
+    visible = visible_gpus(spec)
+    faults = F.active_faults(args, clock)
+    if any(f["fault"] == "stale_gpu_process" for f in faults):
+        F.ensure_stale_holder(next(f for f in faults if f["fault"] == "stale_gpu_process"), spec)
+    plan = build_plan(args, cfg, spec, dict(os.environ), faults, visible, exclude_pids=set())
+
+    def on_sigquit(*_):
+        if _DYING.is_set():
+            return
+        _DYING.set()
+        fails = [e[0] for rp in plan.ranks for e in rp.events if e[1] == "fail"]
+        clock.logical = (min(fails) if fails else clock.sim_now()) + 0.1
+        line(clock, "", "Received sigquit from a child process. It usually means the child failed.")
+        kill_process_tree(include_parent=True)
+
+    def on_sigterm(*_):
+        _DYING.set()
+        kill_process_tree(include_parent=False)
+        for p in CHILDREN:
+            G.remove_state(p.pid)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGQUIT, on_sigquit)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigterm)
+
+    arch = cfg.architecture
+    for rp in plan.ranks:
+        job = {"parent": main_pid, "wall_start": clock.wall_start, "prefix": rp.rank.log_prefix,
+               "title": rp.rank.proc_title, "visible": visible + [len(visible) + i for i in range(64)],
+               "arch": arch, "events": rp.events}
+        p = subprocess.Popen([sys.executable, "-m", "sglang._sim.rank"], stdin=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                 [os.path.dirname(TB.PKG)] + [x for x in os.environ.get("PYTHONPATH", "").split(
+                                     os.pathsep) if x])))
+        p.stdin.write(json.dumps(job).encode())
+        p.stdin.close()
+        CHILDREN.append(p)
+
+    watcher = threading.Thread(target=_watch_children, args=(clock,), daemon=True)
+    watcher.start()
+
+    if plan.ready_at is None:  # start-up fails (a rank sends SIGQUIT) or hangs: wait to be killed
+        while True:
+            time.sleep(3600)
+    clock.sleep_until(plan.ready_at)
+    if _DYING.is_set():
+        while True:
+            time.sleep(3600)
+    serve(args, plan, cfg, clock, faults)
+
+
+def _watch_children(clock: Clock) -> None:
+    """TokenizerManager's watchdog: a scheduler that disappears takes the server down."""
+    while not _DYING.is_set():
+        for i, p in enumerate(CHILDREN):
+            if p.poll() is not None and not _DYING.is_set():
+                _DYING.set()
+                clock.logical = None
+                line(clock, "", f"Rank {i} scheduler is dead. Please check if there are relevant logs.")
+                kill_process_tree(include_parent=True)
+        time.sleep(0.2)
+
+
+def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
+    tp0 = next(rp.rank for rp in plan.ranks if rp.rank.tp_rank == 0 and rp.rank.pp_rank == 0)
+    state = State(args, plan, cfg, clock, tp0.log_prefix)
+    emit(f"INFO:     Started server process [{os.getpid()}]")
+    emit("INFO:     Waiting for application startup.")
+    emit("INFO:     Application startup complete.")
+    bind_error = None
+    srv = None
+    if any(f["fault"] == "port_in_use" for f in faults):
+        bind_error = errno.EADDRINUSE
+    else:
+        try:
+            srv = make_server(args.host, args.port, state)
+        except OSError as exc:
+            bind_error = exc.errno
+    if bind_error is not None:
+        reason = os.strerror(bind_error).lower() if bind_error != errno.EADDRINUSE else "address already in use"
+        emit(f"ERROR:    [Errno {bind_error}] error while attempting to bind on address "
+             f"('{args.host}', {args.port}): {reason}")
+        emit("INFO:     Waiting for application shutdown.")
+        emit("INFO:     Application shutdown complete.")
+        _DYING.set()
+        kill_process_tree(include_parent=False)  # launch_server's finally: kill_process_tree(include_parent=False)
+        sys.exit(1)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    emit(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    # warm-up request (http_server._wait_and_warmup)
+    clock.sleep_sim(0.5)
+    emit(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /model_info HTTP/1.1" 200 OK')
+    if not args.skip_server_warmup:
+        line(clock, tp0.log_prefix, "Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, "
+                                    "token usage: 0.00, #running-req: 0, #queue-req: 0, ")
+        clock.sleep_sim(T_WARMUP)
+        emit(f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
+    state.ready = True
+    line(clock, "", "The server is fired up and ready to roll!")
+    while True:
+        time.sleep(3600)
