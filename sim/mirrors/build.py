@@ -51,6 +51,8 @@ SOURCE_DATE_EPOCH = 1735689600  # 2025-01-01T00:00:00Z
 DRIVER_BRANCHES = {"580": "580.95.05-1", "570": "570.195.03-1"}
 # CUDA toolkits: X.Y -> full release version; packages are cuda-toolkit-X-Y.
 TOOLKITS = {"12.8": "12.8.1", "12.9": "12.9.1", "13.0": "13.0.2"}
+# nvcc's own version in each of those releases (what version.json's cuda_nvcc says).
+NVCC_VERSIONS = {"12.8": "12.8.93", "12.9": "12.9.86", "13.0": "13.0.88"}
 CUDA_KEYRING_VERSION = "1.1-1"
 
 
@@ -292,8 +294,7 @@ exit 0
 
 def cuda_version_json(release: str) -> bytes:
     """A version.json shaped like the toolkit's own (the keys a script would look for)."""
-    major, minor, _patch = release.split(".")
-    nvcc = f"{major}.{minor}.{90 + int(_patch)}"
+    nvcc = NVCC_VERSIONS[release.rsplit(".", 1)[0]]
     doc = {
         "cuda": {"name": "CUDA SDK", "version": release},
         "cuda_cudart": {"name": "CUDA Runtime (cudart)", "version": nvcc},
@@ -303,13 +304,21 @@ def cuda_version_json(release: str) -> bytes:
     return (json.dumps(doc, indent=3) + "\n").encode()
 
 
-def packages(inputs: Inputs, arch: str, key: LabKey) -> list[Package]:
+def family(distro: str) -> str:
+    return "ubuntu" if distro.startswith("ubuntu") else "debian"
+
+
+def packages(inputs: Inputs, arch: str, key: LabKey, flavour: str = "debian") -> list[Package]:
+    """The stand-in packages for one architecture. flavour "ubuntu" follows NVIDIA's Ubuntu repos, where
+    the persistence daemon comes with the driver (nvidia-compute-utils-<branch>); "debian" follows the
+    Debian repo, where it is its own package, nvidia-persistenced."""
     smi = inputs.nvidia_smi.read_bytes()
     nvcc = inputs.nvcc.read_bytes()
     pkgs: list[Package] = []
     branches = list(DRIVER_BRANCHES)
     for branch, version in DRIVER_BRANCHES.items():
         others = [f"nvidia-open-{b}" for b in branches if b != branch]
+        utils = f"nvidia-compute-utils-{branch}"
         pkgs.append(Package(
             name=f"nvidia-open-{branch}", version=version, arch=arch,
             summary=f"NVIDIA driver with open kernel modules, branch {branch}",
@@ -321,8 +330,8 @@ def packages(inputs: Inputs, arch: str, key: LabKey) -> list[Package]:
                     f"nvidia-open-{branch} {version}: NVIDIA open kernel module driver, branch {branch} "
                     "(simulated)."), 0o644),
             },
-            depends=["python3"], conflicts=[*others, "cuda-drivers"], replaces=others,
-            provides=["nvidia-smi"],
+            depends=["python3", *([f"{utils} (= {version})"] if flavour == "ubuntu" else [])],
+            conflicts=[*others, "cuda-drivers"], replaces=others, provides=["nvidia-smi"],
         ))
         pkgs.append(Package(
             name="nvidia-open", version=version, arch=arch,
@@ -332,20 +341,33 @@ def packages(inputs: Inputs, arch: str, key: LabKey) -> list[Package]:
                 f"nvidia-open {version}: metapackage for nvidia-open-{branch} (simulated)."), 0o644)},
             depends=[f"nvidia-open-{branch} (= {version})"], conflicts=["cuda-drivers"],
         ))
-        pkgs.append(Package(
-            name="nvidia-persistenced", version=version, arch=arch,
-            summary="NVIDIA persistence daemon",
-            details="A daemon that only stays up and logs \"Started (sim)\", with its systemd unit\n"
-                    "nvidia-persistenced.service (not enabled by the package: the role enables it).",
-            files={
-                "usr/bin/nvidia-persistenced": (
-                    PERSISTENCED.replace("{version}", version.split("-")[0]).encode(), 0o755),
-                "lib/systemd/system/nvidia-persistenced.service": (PERSISTENCED_UNIT.encode(), 0o644),
-                "usr/share/doc/nvidia-persistenced/SIMULATED": (simulated_note(
-                    f"nvidia-persistenced {version} (simulated)."), 0o644),
-            },
-            section="multiverse/utils",
-        ))
+        daemon_files = {
+            "usr/bin/nvidia-persistenced": (
+                PERSISTENCED.replace("{version}", version.split("-")[0]).encode(), 0o755),
+            "lib/systemd/system/nvidia-persistenced.service": (PERSISTENCED_UNIT.encode(), 0o644),
+        }
+        daemon_details = ("A daemon that only stays up and logs \"Started (sim)\", with its systemd unit\n"
+                          "nvidia-persistenced.service (not enabled by the package: the role enables it).")
+        if flavour == "ubuntu":
+            other_utils = [f"nvidia-compute-utils-{b}" for b in branches if b != branch]
+            pkgs.append(Package(
+                name=utils, version=version, arch=arch,
+                summary=f"NVIDIA compute utilities, branch {branch}",
+                details=daemon_details,
+                files={**daemon_files, f"usr/share/doc/{utils}/SIMULATED": (simulated_note(
+                    f"{utils} {version}: nvidia-persistenced of branch {branch} (simulated)."), 0o644)},
+                conflicts=[*other_utils, "nvidia-persistenced"], replaces=[*other_utils, "nvidia-persistenced"],
+                provides=["nvidia-persistenced"], section="multiverse/utils",
+            ))
+        else:
+            pkgs.append(Package(
+                name="nvidia-persistenced", version=version, arch=arch,
+                summary="NVIDIA persistence daemon",
+                details=daemon_details,
+                files={**daemon_files, "usr/share/doc/nvidia-persistenced/SIMULATED": (simulated_note(
+                    f"nvidia-persistenced {version} (simulated)."), 0o644)},
+                section="multiverse/utils",
+            ))
     newest = max(DRIVER_BRANCHES.values())
     pkgs.append(Package(
         name="cuda-drivers", version=newest, arch=arch,
@@ -453,16 +475,19 @@ def build_apt(inputs: Inputs, key: LabKey, out: Path, arches: list[str]) -> None
     with tempfile.TemporaryDirectory(prefix="moefleet-apt-") as tmp:
         work = Path(tmp)
         stage = staging(out / "apt")
+        indexes: dict[tuple[str, str], tuple[Path, bytes]] = {}
         for arch in arches:
-            pkgs = packages(inputs, arch, key)
-            pool = work / f"pool-{arch}"
-            pool.mkdir()
-            stanzas = []
-            for pkg in sorted(pkgs, key=lambda p: (p.name, p.version)):
-                deb = build_deb(pkg, work / "trees", pool)
-                stanzas.append(packages_stanza(pkg, deb))
-            packages_bytes = "\n".join(stanzas).encode()
+            for flavour in sorted({family(d) for d in DISTROS}):
+                pool = work / f"pool-{flavour}-{arch}"
+                pool.mkdir()
+                stanzas = []
+                pkgs = packages(inputs, arch, key, flavour)
+                for pkg in sorted(pkgs, key=lambda p: (p.name, p.version)):
+                    deb = build_deb(pkg, work / "trees", pool)
+                    stanzas.append(packages_stanza(pkg, deb))
+                indexes[flavour, arch] = pool, "\n".join(stanzas).encode()
             for distro in DISTROS:
+                pool, packages_bytes = indexes[family(distro), arch]
                 repo = stage / distro / ARCH_DIRS[arch]
                 repo.mkdir(parents=True)
                 for deb in sorted(pool.iterdir()):

@@ -28,13 +28,20 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "sim" / "mirrors" / "build.py"
 DISTROS = ("debian12", "ubuntu2204", "ubuntu2404")
-EXPECTED = {
+COMMON = {
     ("nvidia-open", "580.95.05-1"), ("nvidia-open", "570.195.03-1"),
     ("nvidia-open-580", "580.95.05-1"), ("nvidia-open-570", "570.195.03-1"),
-    ("nvidia-persistenced", "580.95.05-1"), ("nvidia-persistenced", "570.195.03-1"),
     ("cuda-drivers", "580.95.05-1"), ("cuda-keyring", "1.1-1"),
     ("cuda-toolkit-12-8", "12.8.1-1"), ("cuda-toolkit-12-9", "12.9.1-1"), ("cuda-toolkit-13-0", "13.0.2-1"),
 }
+# Like NVIDIA's repos: on Debian the persistence daemon is its own package; on Ubuntu it comes with
+# the driver branch (nvidia-compute-utils-<branch>).
+EXPECTED = {
+    "debian12": COMMON | {("nvidia-persistenced", "580.95.05-1"), ("nvidia-persistenced", "570.195.03-1")},
+    "ubuntu2204": COMMON | {("nvidia-compute-utils-580", "580.95.05-1"),
+                            ("nvidia-compute-utils-570", "570.195.03-1")},
+}
+EXPECTED["ubuntu2404"] = EXPECTED["ubuntu2204"]
 FAKE_SMI = b'#!/usr/bin/env python3\nprint("GPU 0: fake nvidia-smi for the mirror tests")\n'
 FAKE_NVCC = b'#!/usr/bin/env python3\nprint("fake nvcc for the mirror tests")\n'
 FAKE_PYPROJECT = """[build-system]
@@ -146,7 +153,7 @@ def test_packages_lists_every_deb_with_its_size_and_hashes(lab):
         text = (repo / "Packages").read_text()
         assert gzip.decompress((repo / "Packages.gz").read_bytes()).decode() == text
         entries = stanzas(text)
-        assert {(e["Package"], e["Version"]) for e in entries} == EXPECTED
+        assert {(e["Package"], e["Version"]) for e in entries} == EXPECTED[distro]
         listed = set()
         for entry in entries:
             deb = repo / entry["Filename"]
@@ -187,14 +194,17 @@ def test_driver_packages(lab, tmp_path):
         assert depends == f"nvidia-open-{version.split('.')[0]} (= {version})"
     assert "nvidia-open" in deb_field(repo / "cuda-drivers_580.95.05-1_amd64.deb", "Conflicts")
     assert "cuda-drivers" in deb_field(branch, "Conflicts")
-    persistenced = repo / "nvidia-persistenced_580.95.05-1_amd64.deb"
-    listing = deb_files(persistenced)
-    assert "./usr/bin/nvidia-persistenced" in listing
-    assert "./lib/systemd/system/nvidia-persistenced.service" in listing
-    # The role enables the daemon; the package has no maintainer script doing it.
-    control = subprocess.run(["dpkg-deb", "-I", str(persistenced)], check=True, capture_output=True,
-                             text=True).stdout
-    assert "postinst" not in control
+    for persistenced in (repo / "nvidia-persistenced_580.95.05-1_amd64.deb",
+                         repo_dir(out, "ubuntu2404") / "nvidia-compute-utils-580_580.95.05-1_amd64.deb"):
+        listing = deb_files(persistenced)
+        assert "./usr/bin/nvidia-persistenced" in listing
+        assert "./lib/systemd/system/nvidia-persistenced.service" in listing
+        # The role enables the daemon; the package has no maintainer script doing it.
+        control = subprocess.run(["dpkg-deb", "-I", str(persistenced)], check=True, capture_output=True,
+                                 text=True).stdout
+        assert "postinst" not in control
+    ubuntu = repo_dir(out, "ubuntu2204") / "nvidia-open-580_580.95.05-1_amd64.deb"
+    assert "nvidia-compute-utils-580 (= 580.95.05-1)" in deb_field(ubuntu, "Depends")
     keyring = deb_files(repo / "cuda-keyring_1.1-1_all.deb")
     assert "./usr/share/keyrings/cuda-archive-keyring.gpg" in keyring
 
@@ -353,16 +363,27 @@ def test_apt_updates_downloads_and_resolves_from_the_repository(lab, tmp_path, d
     assert update.returncode == 0 and "W:" not in update.stderr and "E:" not in update.stderr, update.stderr
     policy = apt("policy", "nvidia-open", tool="apt-cache").stdout
     assert "Candidate: 580.95.05-1" in policy and "570.195.03-1" in policy
-    got = apt("download", "nvidia-open", "nvidia-open-580", "cuda-toolkit-12-9", "nvidia-persistenced")
+    # What the roles install: nvidia_driver (branch package, on Debian the daemon pinned to the branch)
+    # and cuda_toolkit.
+    wanted = ["nvidia-open-580", "cuda-toolkit-12-9"]
+    if distro == "debian12":
+        wanted.append("nvidia-persistenced=580.*")
+    daemon = "nvidia-persistenced" if distro == "debian12" else "nvidia-compute-utils-580"
+    got = apt("download", "nvidia-open", daemon, *wanted)
     assert got.returncode == 0, got.stderr
-    assert sorted(p.name for p in (tmp_path / "downloads").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "downloads").iterdir()) == sorted([
         "cuda-toolkit-12-9_12.9.1-1_amd64.deb", "nvidia-open-580_580.95.05-1_amd64.deb",
-        "nvidia-open_580.95.05-1_amd64.deb", "nvidia-persistenced_580.95.05-1_amd64.deb"]
-    plan = apt("-s", "install", "nvidia-open", "cuda-toolkit-12-9", "nvidia-persistenced")
+        "nvidia-open_580.95.05-1_amd64.deb", f"{daemon}_580.95.05-1_amd64.deb"])
+    plan = apt("-s", "install", *wanted)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     assert "Inst nvidia-open-580 (580.95.05-1" in plan.stdout
+    assert f"Inst {daemon} (580.95.05-1" in plan.stdout
+    assert "Inst cuda-toolkit-12-9 (12.9.1-1" in plan.stdout
     floor = apt("-s", "install", "nvidia-open=570.195.03-1")
     assert floor.returncode == 0 and "Inst nvidia-open-570 (570.195.03-1" in floor.stdout, floor.stderr
+    if distro == "debian12":
+        pinned = apt("-s", "install", "nvidia-open-570", "nvidia-persistenced=570.*")
+        assert "Inst nvidia-persistenced (570.195.03-1" in pinned.stdout, pinned.stdout + pinned.stderr
     clash = apt("-s", "install", "nvidia-open", "cuda-drivers")
     assert clash.returncode != 0 and "Conflicts" in clash.stdout
 
@@ -442,12 +463,14 @@ def test_real_inputs(tmp_path):
     assert result.returncode == 0, result.stderr
     repo = repo_dir(out)
     root = tmp_path / "root"
-    for deb in ("nvidia-open-580_580.95.05-1_amd64.deb", "cuda-toolkit-12-9_12.9.1-1_amd64.deb"):
+    for deb in ["nvidia-open-580_580.95.05-1_amd64.deb", *(p.name for p in repo.glob("cuda-toolkit-*.deb"))]:
         subprocess.run(["dpkg-deb", "-x", str(repo / deb), str(root)], check=True)
     assert (root / "usr/bin/nvidia-smi").read_bytes() == REAL["nvidia-smi"].read_bytes()
-    nvcc = subprocess.run([str(root / "usr/local/cuda-12.9/bin/nvcc"), "--version"], capture_output=True,
-                          text=True, timeout=30)
-    assert nvcc.returncode == 0, nvcc.stderr
-    assert "release 12.9" in nvcc.stdout
+    env = {k: v for k, v in os.environ.items() if k != "SIM_CUDA_VERSION"}
+    for xy in ("12.8", "12.9", "13.0"):
+        nvcc = subprocess.run([str(root / f"usr/local/cuda-{xy}/bin/nvcc"), "--version"], capture_output=True,
+                              text=True, timeout=30, env=env)
+        assert nvcc.returncode == 0, nvcc.stderr
+        assert f"release {xy}" in nvcc.stdout, nvcc.stdout
     page = (out / "pypi" / "simple" / "sglang" / "index.html").read_text()
     assert "sglang-0.5.10+moefleetsim-py3-none-any.whl" in page
