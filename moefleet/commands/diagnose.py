@@ -64,9 +64,7 @@ def _read(path: str) -> tuple[str, float | None]:
         raise BadInput(f"{path}: cannot be read ({err.strerror or err}).") from None
     name = "stdin" if path == "-" else path
     if b"\x00" in data:
-        raise BadInput(
-            f"{name}: looks binary (it has NUL bytes), not a text log; pass the log or a journal export."
-        )
+        raise BadInput(f"{name}: looks binary (it has NUL bytes), not a text log; pass the log or a journal export.")
     if not data.strip():
         raise BadInput(f"{name}: is empty; there is nothing to diagnose.")
     return data.decode("utf-8", errors="replace"), age
@@ -78,9 +76,7 @@ def _human(result: dict) -> str:
     if state == "oom":
         head = f"oom in phase {oom['phase']}"
     elif state == "crashed":
-        head = f"crashed, cause {result['cause']}" + (
-            f" (phase {result['phase']})" if result["phase"] else ""
-        )
+        head = f"crashed, cause {result['cause']}" + (f" (phase {result['phase']})" if result["phase"] else "")
     elif state == "hung":
         head = f"hung in phase {result['phase']}"
     elif state == "starting":

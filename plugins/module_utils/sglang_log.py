@@ -175,9 +175,7 @@ _WEIGHT_READ_FUNCS = {
     "_load_w13",
     "_load_w2",
 }
-_WEIGHT_MISMATCH = re.compile(
-    r"^(?:KeyError|AssertionError)$|size mismatch|shape mismatch|does not match", re.I
-)
+_WEIGHT_MISMATCH = re.compile(r"^(?:KeyError|AssertionError)$|size mismatch|shape mismatch|does not match", re.I)
 
 _RUNTIME_FUNCS = {"run_batch", "forward_batch_generation", "process_batch_result", "handle_generate_request"}
 _GRAPH_FUNCS = {
@@ -469,9 +467,7 @@ class LogFollower:
         for pattern, reached in _MILESTONES:
             if pattern.search(message):
                 if line.rank:
-                    self._rank_phase[line.rank] = _max_phase(
-                        self._rank_phase.get(line.rank, "launch"), reached
-                    )
+                    self._rank_phase[line.rank] = _max_phase(self._rank_phase.get(line.rank, "launch"), reached)
                 else:
                     self._launcher_phase = _max_phase(self._launcher_phase, reached)
                 if self.pending_kind == "exception":  # the start went on: that traceback was not fatal

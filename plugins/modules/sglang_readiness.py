@@ -369,9 +369,7 @@ class HttpProbe(threading.Thread):
 
 def _same(expected, actual) -> bool:
     if isinstance(actual, bool):
-        return str(expected).strip().lower() in (
-            ("true", "yes", "1", "on") if actual else ("false", "no", "0", "off")
-        )
+        return str(expected).strip().lower() in (("true", "yes", "1", "on") if actual else ("false", "no", "0", "off"))
     if isinstance(actual, (int, float)) and not isinstance(expected, bool):
         try:
             return float(expected) == float(actual)
@@ -428,10 +426,7 @@ def _describe(unit: str | None, verdict: dict, http_status: str) -> str:
             sizes += ")"
         return f"{who} ran out of GPU memory during {oom['phase']}{where}{sizes}. {verdict['advice']}"
     if state == "crashed":
-        return (
-            f"{who} crashed ({verdict['cause']}) in phase {verdict['phase']}: {verdict['line']}. "
-            f"{verdict['advice']}"
-        )
+        return f"{who} crashed ({verdict['cause']}) in phase {verdict['phase']}: {verdict['line']}. {verdict['advice']}"
     if state == "hung":
         return f"{who} made no progress in phase {verdict['phase']} for too long. {verdict['advice']}"
     return f"{who} was not ready in time (phase {verdict['phase']}; last HTTP answer: {http_status})."
@@ -473,16 +468,12 @@ def main() -> None:
     # Argument errors fail here, before any waiting.
     for name in ("timeout", "hang_timeout", "http_timeout"):
         if params[name] <= 0:
-            module.fail_json(
-                msg=f"{name} must be a positive number of seconds, got {params[name]}.", **result
-            )
+            module.fail_json(msg=f"{name} must be a positive number of seconds, got {params[name]}.", **result)
     if params["sleep"] <= 0 or params["delay"] < 0:
         module.fail_json(msg="sleep must be positive and delay zero or more.", **result)
     if not params["url"].startswith(("http://", "https://")):
         module.fail_json(msg=f"url must start with http:// or https://, got {params['url']!r}.", **result)
-    unit = (
-        params["unit"] if params["unit"] is not None else (None if params["log_path"] else "sglang.service")
-    )
+    unit = params["unit"] if params["unit"] is not None else (None if params["log_path"] else "sglang.service")
     if unit is not None and not unit.strip():
         module.fail_json(msg="unit must name a systemd unit, such as sglang.service.", **result)
     systemctl = journalctl = invocation_id = None
@@ -505,9 +496,7 @@ def main() -> None:
     if params["delay"]:
         time.sleep(params["delay"])
 
-    source = (
-        FileSource(params["log_path"]) if params["log_path"] else JournalSource(journalctl, invocation_id)
-    )
+    source = FileSource(params["log_path"]) if params["log_path"] else JournalSource(journalctl, invocation_id)
     follower = LogFollower(started_at=time.monotonic())
     excerpt = collections.deque(maxlen=EXCERPT_LINES)
     probe = HttpProbe(
@@ -568,8 +557,7 @@ def main() -> None:
             state="crashed",
             cause="other",
             line=f"{unit} stopped: {summary}",
-            advice="The unit stopped without a line that says why: read the log excerpt and the "
-            "unit's journal.",
+            advice="The unit stopped without a line that says why: read the log excerpt and the unit's journal.",
         )
     for key in ("state", "phase", "oom", "cause", "line", "advice"):
         result[key] = verdict.get(key)

@@ -105,11 +105,7 @@ def test_oom_figures_are_the_numbers_in_the_text(name):
     gpu, tried, free, capacity = OOM_FIGURES[name]
     oom = classify(_text(name)).oom
     assert oom.gpu == gpu
-    assert (
-        oom.tried_to_allocate_mib == pytest.approx(tried, abs=0.01)
-        if tried
-        else oom.tried_to_allocate_mib is None
-    )
+    assert oom.tried_to_allocate_mib == pytest.approx(tried, abs=0.01) if tried else oom.tried_to_allocate_mib is None
     assert oom.free_mib == pytest.approx(free, abs=0.01) if free else oom.free_mib is None
     assert oom.capacity_gib == pytest.approx(capacity, abs=0.01) if capacity else oom.capacity_gib is None
 
@@ -167,18 +163,13 @@ def test_prefixes_are_stripped_and_ranks_read():
     )
     assert journal.message == "Load weight begin. avail mem=93.61 GB"
     assert (journal.rank, journal.tp_rank) == ("DP0 TP3 EP3", 3)
-    (iso,) = split_line(
-        "2025-11-29T16:00:01+0000 host sglang[7]: [2025-11-29 16:00:01 TP0 PP1] Memory pool end."
-    )
+    (iso,) = split_line("2025-11-29T16:00:01+0000 host sglang[7]: [2025-11-29 16:00:01 TP0 PP1] Memory pool end.")
     assert (iso.rank, iso.message) == ("TP0 PP1", "Memory pool end.")
 
 
 def test_a_journal_export_classifies_like_the_raw_log():
     name = "14-oom_weight_load-gemma3-12b-4070tisuper-create-weights.log"
-    journal = [
-        f"Nov 29 16:00:{i % 60:02d} host python3[123]: {line}"
-        for i, line in enumerate(_text(name).split("\n"))
-    ]
+    journal = [f"Nov 29 16:00:{i % 60:02d} host python3[123]: {line}" for i, line in enumerate(_text(name).split("\n"))]
     assert classify(journal) == classify(_text(name))
 
 
@@ -288,8 +279,7 @@ def test_a_harmless_traceback_before_ready_does_not_fail_the_start():
 
 def test_memory_warnings_do_not_make_an_oom():
     lines = [
-        "[2025-01-01 00:00:00 TP1] Failed to initialize lk_moe: CUDA out of memory. "
-        "Tried to allocate 24.00 MiB.",
+        "[2025-01-01 00:00:00 TP1] Failed to initialize lk_moe: CUDA out of memory. Tried to allocate 24.00 MiB.",
         "[2025-01-01 00:00:00 TP0] Memory pool end. avail mem=0.42 GB",
         "[2025-01-01 00:00:09] The server is fired up and ready to roll!",
     ]
@@ -312,8 +302,7 @@ def test_memory_warnings_do_not_make_an_oom():
             "driver",
         ),
         (
-            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
-            "unhandled cuda error",
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error",
             "nccl",
         ),
         ("OSError: [Errno 98] Address already in use", "port_in_use"),
