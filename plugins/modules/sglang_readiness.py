@@ -191,18 +191,18 @@ mismatches:
 """
 
 # Imports follow DOCUMENTATION/EXAMPLES/RETURN, as Ansible's module layout requires.
-import collections  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import select  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
+import collections
+import json
+import os
+import select
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.sglang_log import LogFollower  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_log import LogFollower
 
 EXCERPT_LINES = 40
 READ_TICK = 0.1  # seconds one select() waits: the bound on how late a deciding line is seen
