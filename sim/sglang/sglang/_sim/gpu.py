@@ -1,7 +1,7 @@
 """Simulated GPUs: the per-host spec, the live per-process usage files, and PyTorch's caching allocator.
 
 The spec file (default /etc/sim-gpu/gpus.json, env SIM_GPU_SPEC) and the state directory (default
-/run/sim-gpu/procs, env SIM_GPU_STATE_DIR) are shared with the nvidia-smi stand-in (sim/gpu/nvidia-smi),
+/dev/shm/sim-gpu/procs, env SIM_GPU_STATE_DIR) are shared with the nvidia-smi stand-in (sim/gpu/nvidia-smi),
 which reads the same files with its own copy of this small logic.
 """
 
@@ -37,7 +37,7 @@ def spec_path() -> str:
 
 
 def state_dir() -> str:
-    return os.environ.get("SIM_GPU_STATE_DIR", "/run/sim-gpu/procs")
+    return os.environ.get("SIM_GPU_STATE_DIR", "/dev/shm/sim-gpu/procs")
 
 
 def load_spec() -> dict:

@@ -61,13 +61,17 @@ def failure_text(kind: str, payload, arch: str) -> str:
 
 def main() -> None:
     die_with_parent()
-    job = json.load(sys.stdin)
+    job = json.loads(sys.stdin.readline())
     parent = job["parent"]
     if os.getppid() != parent:  # parent died before we armed PDEATHSIG
         sys.exit(0)
     title = job["title"]
     set_title(title)
-    clock = Clock(job["wall_start"])
+    ready_fd = int(os.environ.pop("SGLANG_SIM_READY_FD", "-1"))
+    if ready_fd >= 0:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
+    clock = Clock(float(sys.stdin.readline()))
     prefix = job["prefix"]
     visible = job["visible"]
     pid = os.getpid()

@@ -129,17 +129,30 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_sigterm)
 
     arch = cfg.architecture
+    ready_r, ready_w = os.pipe()
+    env = dict(os.environ, SGLANG_SIM_READY_FD=str(ready_w), PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(TB.PKG)] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
     for rp in plan.ranks:
-        job = {"parent": main_pid, "wall_start": clock.wall_start, "prefix": rp.rank.log_prefix,
-               "title": rp.rank.proc_title, "visible": visible + [len(visible) + i for i in range(64)],
-               "arch": arch, "events": rp.events}
-        p = subprocess.Popen([sys.executable, "-m", "sglang._sim.rank"], stdin=subprocess.PIPE,
-                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                 [os.path.dirname(TB.PKG)] + [x for x in os.environ.get("PYTHONPATH", "").split(
-                                     os.pathsep) if x])))
-        p.stdin.write(json.dumps(job).encode())
-        p.stdin.close()
+        job = {"parent": main_pid, "prefix": rp.rank.log_prefix, "title": rp.rank.proc_title,
+               "visible": visible, "arch": arch, "events": rp.events}
+        p = subprocess.Popen([sys.executable, "-m", "sglang._sim.rank"], stdin=subprocess.PIPE, env=env,
+                             pass_fds=(ready_w,))
+        p.stdin.write(json.dumps(job).encode() + b"\n")
+        p.stdin.flush()
         CHILDREN.append(p)
+    os.close(ready_w)
+    got = 0
+    while got < len(CHILDREN):  # every rank process is up before the simulated clock starts
+        chunk = os.read(ready_r, 64)
+        if not chunk:
+            break
+        got += len(chunk)
+    os.close(ready_r)
+    clock.wall_start = time.time()
+    for p in CHILDREN:
+        with contextlib.suppress(BrokenPipeError):
+            p.stdin.write(f"{clock.wall_start!r}\n".encode())
+            p.stdin.close()
 
     watcher = threading.Thread(target=_watch_children, args=(clock,), daemon=True)
     watcher.start()

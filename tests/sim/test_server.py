@@ -1,0 +1,209 @@
+"""The simulated SGLang server as a process: flags, start-up, serving, failure behaviour."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+
+import pytest
+
+PARENT_DIES = "Received sigquit from a child process. It usually means the child failed."
+
+
+def test_unknown_flag_fails_like_argparse(lab):
+    srv = lab.start("--tp-size", "8", "--foo")
+    assert srv.wait_exit() == 2
+    assert "launch_server.py: error: unrecognized arguments: --foo" in srv.log
+
+
+def test_tp_not_divisible_by_ep_is_refused(lab):
+    srv = lab.start("--tp-size", "8", "--ep-size", "3")
+    assert srv.wait_exit() == 1
+    assert "ValueError: tp_size 8 must be divisible by ep_size 3" in srv.log
+
+
+def test_dp_attention_needs_tp_divisible_by_dp(lab):
+    srv = lab.start("--tp-size", "8", "--dp-size", "3", "--enable-dp-attention")
+    assert srv.wait_exit() == 1
+    assert "AssertionError" in srv.log
+
+
+def test_more_ranks_than_gpus_fails_in_set_device(lab):
+    srv = lab.start("--tp-size", "16")
+    assert srv.wait_exit() == -signal.SIGKILL
+    assert "CUDA error: invalid device ordinal" in srv.log
+    assert PARENT_DIES in srv.log
+
+
+def test_tp4_ep2_ooms_while_loading_and_the_group_dies_by_sigkill(lab):
+    srv = lab.start("--tp-size", "4", "--ep-size", "2")
+    assert srv.wait_exit() == -signal.SIGKILL
+    log = srv.log
+    assert "Load weight begin. avail mem=" in log
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert re.search(r"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 672.00 MiB. GPU [0-3] has a "
+                     r"total capacity of 94.97 GiB of which [0-9.]+ MiB is free. Including non-PyTorch memory, this "
+                     r"process has [0-9.]+ GiB memory in use.", log)
+    assert log.index("torch.OutOfMemoryError") < log.index(PARENT_DIES)
+    assert "Uvicorn running" not in log
+    time.sleep(0.3)
+    assert lab.used_mib() == [0] * 8 and lab.apps() == []  # every rank died with the parent
+
+
+@pytest.mark.parametrize("flags,prefix", [
+    (("--tp-size", "8"), "TP7]"),
+    (("--tp-size", "8", "--ep-size", "8"), "TP7 EP7]"),
+    (("--tp-size", "8", "--ep-size", "4"), "TP7 EP3]"),
+    (("--pp-size", "8"), "PP7]"),
+])
+def test_layouts_load_and_serve(lab, flags, prefix):
+    srv = lab.start(*flags)
+    srv.wait_ready()
+    log = srv.log
+    for text in ("Init torch distributed begin.", "Load weight end.", "KV Cache is allocated. #tokens: ",
+                 "Capture cuda graph end.", "Uvicorn running on http://127.0.0.1:",
+                 "The server is fired up and ready to roll!"):
+        assert text in log
+    assert prefix in log
+    assert log.index("Load weight end.") < log.index("Uvicorn running")
+    code, body = srv.get("/server_info")
+    info = json.loads(body)
+    assert code == 200 and info["max_total_num_tokens"] > 0
+    assert [info["tp_size"], info["pp_size"], info["ep_size"]] == [int(x) for x in (
+        dict(zip(flags[::2], flags[1::2], strict=True)).get("--tp-size", 1),
+        dict(zip(flags[::2], flags[1::2], strict=True)).get("--pp-size", 1),
+        dict(zip(flags[::2], flags[1::2], strict=True)).get("--ep-size", 1))]
+    apps = lab.apps()
+    assert len(apps) == 8 and all(a[1].startswith("sglang::scheduler") for a in apps)
+    used = lab.used_mib()
+    assert all(60_000 < u < 97_000 for u in used), used
+    srv.stop()
+    time.sleep(0.2)
+    assert lab.used_mib() == [0] * 8
+
+
+def test_port_listens_only_after_loading_then_503_until_ready(lab):
+    srv = lab.start("--tp-size", "8", env={"SGLANG_SIM_TIME_SCALE": "0.2"})
+    seen_refused = seen_503 = False
+    end = time.time() + 30
+    while time.time() < end:
+        try:
+            code, _ = srv.get("/health")
+        except OSError:
+            seen_refused = True
+            assert "Load weight end." not in srv.log or "Uvicorn running" not in srv.log
+            time.sleep(0.02)
+            continue
+        if code == 503:
+            seen_503 = True
+        if code == 200:
+            break
+    assert seen_refused and seen_503
+
+
+def test_openai_client_chat_completion(lab):
+    openai = pytest.importorskip("openai")
+    srv = lab.start("--tp-size", "8", "--ep-size", "4", "--served-model-name", "kimi-k2.6", "--api-key", "sk-lab",
+                    "--enable-metrics")
+    srv.wait_ready()
+    client = openai.OpenAI(base_url=srv.url("/v1"), api_key="sk-lab")
+    assert [m.id for m in client.models.list().data] == ["kimi-k2.6"]
+    r = client.chat.completions.create(model="kimi-k2.6", messages=[{"role": "user", "content": "Hello"}],
+                                       max_tokens=8)
+    assert r.choices[0].message.content and r.usage.completion_tokens <= 8
+    assert r.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.chat.completions.create(model="kimi-k2.6", messages=[{"role": "user", "content": "Hi"}],
+                                                 stream=True, max_tokens=6))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    bad = openai.OpenAI(base_url=srv.url("/v1"), api_key="wrong")
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert srv.get("/health")[0] == 200  # health needs no key, like SGLang
+    code, body = srv.get("/metrics")
+    assert code == 200 and b"sglang:num_running_reqs" in body and b"sglang:generation_tokens_total" in body
+    code, body = srv.get("/model_info", {"Authorization": "Bearer sk-lab"})
+    assert json.loads(body)["model_type"] == "kimi_k25"
+
+
+# ------------------------------------------------------------------------------------------------ faults
+
+def test_fault_oom_weight_load(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "oom_weight_load", "profile": "tp8", "flags": {"tp_size": 8}}])
+    assert srv.wait_exit() == -signal.SIGKILL
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in srv.log
+    assert "Load weight end." not in srv.log and PARENT_DIES in srv.log
+
+
+def test_fault_applies_only_to_matching_flags(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "crash", "flags": {"tp_size": 8, "ep_size": 4}}])
+    srv.wait_ready()
+
+
+def test_fault_oom_kv_cache(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "oom_kv_cache"}])
+    assert srv.wait_exit() == -signal.SIGKILL
+    assert "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static." in srv.log
+    assert "Load weight end." in srv.log and PARENT_DIES in srv.log
+
+
+def test_fault_oom_cuda_graph(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "oom_cuda_graph"}])
+    assert srv.wait_exit() == -signal.SIGKILL
+    assert "Capture cuda graph begin." in srv.log
+    assert "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate" in srv.log
+    assert "allocated in private pools (e.g., CUDA Graphs)" in srv.log
+
+
+def test_fault_crash_is_an_nccl_error(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "crash"}])
+    assert srv.wait_exit() == -signal.SIGKILL
+    assert "torch.distributed.DistBackendError: NCCL error in:" in srv.log
+    assert "unhandled system error" in srv.log and PARENT_DIES in srv.log
+
+
+def test_fault_hang_stops_after_nccl_init_begins(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "hang"}])
+    time.sleep(1.5)
+    assert srv.proc.poll() is None
+    lines = [ln for ln in srv.log.splitlines() if ln.strip()]
+    assert lines[-1].endswith("Init torch distributed begin.")
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", srv.port), timeout=0.5):
+        pass
+
+
+def test_fault_port_in_use(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "port_in_use"}])
+    assert srv.wait_exit() == 1
+    assert (f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {srv.port}): "
+            "address already in use") in srv.log
+
+
+def test_real_port_conflict_fails_the_same_way(lab):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        srv = lab.start("--tp-size", "8", port=s.getsockname()[1])
+        assert srv.wait_exit() == 1
+        assert "[Errno 98] error while attempting to bind on address" in srv.log
+
+
+def test_fault_stale_gpu_process_survives_and_causes_the_next_oom(lab):
+    srv = lab.start("--tp-size", "8", faults=[{"fault": "stale_gpu_process", "gpus": [0, 1], "mib": 40960}])
+    assert srv.wait_exit() == -signal.SIGKILL
+    assert "torch.OutOfMemoryError" in srv.log
+    stale = lab.apps()
+    assert len(stale) == 2 and {a[2] for a in stale} == {"40960 MiB"}
+    pid = int(stale[0][0])
+    assert f"Process {pid} has 40.00 GiB memory in use." in srv.log
+    again = lab.start("--tp-size", "8")  # no fault this time: the leftover alone makes it OOM
+    assert again.wait_exit() == -signal.SIGKILL
+    assert "torch.OutOfMemoryError" in again.log
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert lab.used_mib() == [0] * 8
+    lab.start("--tp-size", "8").wait_ready()
