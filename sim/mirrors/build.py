@@ -271,6 +271,17 @@ ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
 WantedBy=multi-user.target
 """
 
+# The simulated GPUs' shared state (the nvidia-smi stand-in reads what simulated CUDA processes write):
+# under /dev/shm, which stays writable under the service's ProtectSystem=strict, as NCCL's files do.
+SIM_GPU_TMPFILES = "d /dev/shm/sim-gpu 0755 root root -\nd /dev/shm/sim-gpu/procs 1777 root root -\n"
+DRIVER_POSTINST = """#!/bin/sh
+set -e
+if [ "$1" = configure ] && [ -d /run/systemd/system ]; then
+    systemd-tmpfiles --create sim-gpu.conf || true
+fi
+exit 0
+"""
+
 CUDA_POSTINST = """#!/bin/sh
 # Like NVIDIA's toolkit packages: /usr/local/cuda and /usr/local/cuda-{major} are alternatives,
 # the newest installed toolkit wins in auto mode.
@@ -326,12 +337,14 @@ def packages(inputs: Inputs, arch: str, key: LabKey, flavour: str = "debian") ->
                     "Installs the nvidia-smi stand-in as /usr/bin/nvidia-smi.",
             files={
                 "usr/bin/nvidia-smi": (smi, 0o755),
+                "usr/lib/tmpfiles.d/sim-gpu.conf": (SIM_GPU_TMPFILES.encode(), 0o644),
                 f"usr/share/doc/nvidia-open-{branch}/SIMULATED": (simulated_note(
                     f"nvidia-open-{branch} {version}: NVIDIA open kernel module driver, branch {branch} "
                     "(simulated)."), 0o644),
             },
             depends=["python3", *([f"{utils} (= {version})"] if flavour == "ubuntu" else [])],
             conflicts=[*others, "cuda-drivers"], replaces=others, provides=["nvidia-smi"],
+            scripts={"postinst": DRIVER_POSTINST},
         ))
         pkgs.append(Package(
             name="nvidia-open", version=version, arch=arch,
