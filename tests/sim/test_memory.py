@@ -129,3 +129,13 @@ def test_throughput_model_is_calibrated():
         r1, ra = T.layout_rates(tp, pp, ep)
         assert T.per_request(1, r1, ra) == pytest.approx(s1)
         assert T.aggregate(512, r1, ra) == pytest.approx(agg, rel=0.02)
+
+
+def test_top_level_deepseek_v3_config_plans_too():
+    raw = json.loads(K26_CONFIG.read_text())
+    flat = dict(raw["text_config"], quantization_config=raw["quantization_config"])
+    cfg = M.parse_config(flat)
+    args = A.parse_args(["--model-path", "m", "--tp-size", "8", "--ep-size", "8"])
+    pl = P.build_plan(args, cfg, SPEC, {}, [], list(range(8)), set())
+    assert not pl.fails and pl.max_total_num_tokens > 0
+    assert not any("vision_tower" in t.name for t in M.rank_tensors(cfg, pl.ranks[0].rank, {}))
