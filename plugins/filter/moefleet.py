@@ -1,5 +1,6 @@
-"""Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan and render
-profiles with the very code the CLI runs: moefleet_plan, moefleet_profile_args, moefleet_fallback_ladder."""
+"""Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
+profiles and decide rollbacks with the very code the CLI runs: moefleet_plan, moefleet_profile_args,
+moefleet_fallback_ladder, moefleet_next_step, moefleet_rollback_summary, moefleet_history, moefleet_attempt."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ if _MODULE_UTILS not in sys.path:
 import planner  # noqa: E402
 
 import profiles  # noqa: E402
+
+import rollback  # noqa: E402
 
 
 def moefleet_plan(model_config, gpus, gpu_memory_gib, flags, catalog=None):
@@ -44,6 +47,29 @@ def moefleet_fallback_ladder(catalog, name):
         raise AnsibleFilterError(f"moefleet_fallback_ladder: {exc}") from None
 
 
+def moefleet_next_step(attempts, ladder, catalog, flags=None):
+    """What to try after the attempts so far: ``{action: done|start|restore, attempt, reason}``."""
+    try:
+        return rollback.next_step(ladder, attempts, catalog, flags)
+    except rollback.RollbackError as exc:
+        raise AnsibleFilterError(f"moefleet_next_step: {exc}") from None
+
+
+def moefleet_rollback_summary(attempts, requested, restored=None):
+    """The host's end state: asked and serving profile, outcome (ready/degraded/restored/failed), OOMs."""
+    return rollback.summarize(requested, attempts, restored)
+
+
+def moefleet_history(attempts, now):
+    """History records of the attempts (time, profile, tuning, NCCL set, outcome, phase, cause)."""
+    return rollback.history_entries(attempts, now)
+
+
+def moefleet_attempt(attempt):
+    """What a unit runs (profile, tuning, NCCL set), without outcome and bookkeeping."""
+    return rollback.attempt_only(attempt)
+
+
 class FilterModule:
     """moefleet filters."""
 
@@ -52,4 +78,8 @@ class FilterModule:
             "moefleet_plan": moefleet_plan,
             "moefleet_profile_args": moefleet_profile_args,
             "moefleet_fallback_ladder": moefleet_fallback_ladder,
+            "moefleet_next_step": moefleet_next_step,
+            "moefleet_rollback_summary": moefleet_rollback_summary,
+            "moefleet_history": moefleet_history,
+            "moefleet_attempt": moefleet_attempt,
         }

@@ -70,3 +70,24 @@ def summarize(gpus: list[dict[str, Any]]) -> dict[str, Any]:
         "compute_cap": gpus[0]["compute_cap"],
         "gpus": gpus,
     }
+
+
+COMPUTE_APPS_FIELDS = ("pid", "process_name", "used_memory")
+
+
+def parse_compute_apps(text: str) -> list[dict[str, Any]]:
+    """Processes holding GPU memory, from
+    ``nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits``.
+    One entry per (process, GPU) row, as nvidia-smi lists them."""
+    apps = []
+    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != len(COMPUTE_APPS_FIELDS):
+            raise GpuFactsError(
+                f"nvidia-smi compute-apps line {number} has {len(row)} fields, expected "
+                f"{len(COMPUTE_APPS_FIELDS)} ({', '.join(COMPUTE_APPS_FIELDS)})."
+            )
+        pid, name, used = (cell.strip() for cell in row)
+        apps.append({"pid": int(pid), "process_name": name, "used_memory_mib": _mib(used, number)})
+    return apps

@@ -1,0 +1,153 @@
+"""What to try after a start fails: the remedy follows the cause (pure functions, no I/O).
+
+An *attempt* is what one start of the service runs: ``{"profile": name, "tuning": {flag: value},
+"nccl_set": name}``; its *outcome* is the readiness verdict (``state``, ``phase``, ``cause``). Given the
+fallback ladder and the attempts made so far (each with its outcome), ``next_step`` says what to do:
+
+- a weight-load (or runtime) OOM: the layout cannot hold the model here; move down the ladder;
+- a KV-pool OOM: retune the same layout once with a higher ``--mem-fraction-static`` (weights are
+  already loaded by then, so the pool is what ran short), then move down the ladder;
+- a CUDA-graph OOM: retune once with a smaller ``--cuda-graph-max-bs``, then move down;
+- a hang: retry once with the ``pcie_shm`` NCCL set (P2P off), then move down;
+- any other crash (NCCL error, port in use, bad weights, driver, args mismatch): not a layout
+  problem; restore the last unit that served, no ladder.
+
+When the ladder is exhausted the step is ``restore`` too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+SHM_NCCL_SET = "pcie_shm"
+# Retuning after a KV-pool OOM: raise the fraction by this much, never above the cap (SGLang needs
+# the rest for activations and CUDA graphs).
+MEM_FRACTION_STEP = 0.04
+MEM_FRACTION_CAP = 0.93
+# Assumed starting fraction when the profile leaves it to SGLang's default (about 0.8 on 96 GB cards).
+MEM_FRACTION_ASSUMED_DEFAULT = 0.80
+# Retuning after a CUDA-graph OOM: halve the batch sizes captured; start here when the profile has none.
+CUDA_GRAPH_BS_START = 64
+
+
+class RollbackError(ValueError):
+    """Inputs the rollback logic cannot use; the message is a sentence."""
+
+
+def first_attempt(profile: str, nccl_set: str) -> dict[str, Any]:
+    return {"profile": profile, "tuning": {}, "nccl_set": nccl_set}
+
+
+def _same_layout(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.get("profile") == b.get("profile")
+
+
+def _retuned(attempts: Sequence[Mapping[str, Any]], current: Mapping[str, Any], kind: str) -> bool:
+    return any(_same_layout(a, current) and a.get("remedy") == kind for a in attempts)
+
+
+def _down_the_ladder(
+    ladder: Sequence[str], attempts: Sequence[Mapping[str, Any]], catalog: Mapping[str, Any], why: str
+) -> dict[str, Any]:
+    tried = {a.get("profile") for a in attempts}
+    for name in ladder:
+        if name not in tried:
+            nccl = (catalog.get("profiles", {}).get(name) or {}).get("nccl", "pcie_p2p")
+            return {"action": "start", "attempt": {**first_attempt(name, nccl), "remedy": "fallback"},
+                    "reason": f"{why}; falling back to {name}."}
+    return {"action": "restore", "reason": f"{why}, and the fallback ladder ({' -> '.join(ladder)}) is exhausted; "
+                                           "restoring the last unit that served."}
+
+
+def next_step(
+    ladder: Sequence[str],
+    attempts: Sequence[Mapping[str, Any]],
+    catalog: Mapping[str, Any],
+    profile_flags: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``{"action": "done"|"start"|"restore", "attempt": {...}, "reason": sentence}``.
+
+    ``attempts`` are in order, each an attempt with its ``outcome`` (``state``, ``phase``, ``cause``).
+    ``profile_flags`` are the current attempt's effective flags (profile flags with tuning), used to
+    retune from the value actually run.
+    """
+    if not ladder:
+        raise RollbackError("The fallback ladder is empty: the requested profile must be its first rung.")
+    if not attempts:
+        raise RollbackError("No attempt was made yet; start the requested profile first.")
+    current = attempts[-1]
+    outcome = current.get("outcome") or {}
+    state = outcome.get("state")
+    phase = outcome.get("phase")
+    flags = {**(profile_flags or {}), **(current.get("tuning") or {})}
+    name = current.get("profile")
+    if state == "ready":
+        return {"action": "done", "reason": f"{name} serves."}
+    if state == "oom" and phase == "kv_cache" and not _retuned(attempts, current, "retune_kv"):
+        fraction = float(flags.get("mem_fraction_static") or MEM_FRACTION_ASSUMED_DEFAULT)
+        raised = round(min(fraction + MEM_FRACTION_STEP, MEM_FRACTION_CAP), 3)
+        if raised > fraction:
+            tuning = {**(current.get("tuning") or {}), "mem_fraction_static": raised}
+            return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_kv"},
+                    "reason": f"{name} ran out of memory sizing the KV pool; retrying it once with "
+                              f"--mem-fraction-static {raised}."}
+    if state == "oom" and phase == "cuda_graph" and not _retuned(attempts, current, "retune_cuda_graph"):
+        bs = flags.get("cuda_graph_max_bs")
+        smaller = max(1, int(bs) // 2) if bs else CUDA_GRAPH_BS_START
+        tuning = {**(current.get("tuning") or {}), "cuda_graph_max_bs": smaller}
+        return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_cuda_graph"},
+                "reason": f"{name} ran out of memory capturing CUDA graphs; retrying it once with "
+                          f"--cuda-graph-max-bs {smaller}."}
+    if state == "hung" and current.get("nccl_set") != SHM_NCCL_SET and not _retuned(attempts, current, "nccl_shm"):
+        return {"action": "start",
+                "attempt": {**current, "nccl_set": SHM_NCCL_SET, "remedy": "nccl_shm"},
+                "reason": f"{name} hung in {phase or 'start-up'}; retrying it once with NCCL P2P off "
+                          f"({SHM_NCCL_SET})."}
+    if state in ("oom", "hung"):
+        what = f"{name} {'ran out of memory' if state == 'oom' else 'hung'}" + (f" ({phase})" if phase else "")
+        return _down_the_ladder(ladder, attempts, catalog, what)
+    cause = outcome.get("cause") or state or "an unknown failure"
+    return {"action": "restore",
+            "reason": f"{name} failed to start ({cause}), which another layout would not fix; "
+                      "restoring the last unit that served."}
+
+
+def summarize(requested: str, attempts: Sequence[Mapping[str, Any]], restored: str | None = None) -> dict[str, Any]:
+    """The host's end state after the attempts (and a restore, naming the restored unit's profile).
+
+    ``outcome``: ``ready`` (the asked profile serves, possibly retuned), ``degraded`` (a fallback
+    serves), ``restored`` (nothing new served; the last unit that served runs again) or ``failed``.
+    """
+    served = next((a for a in reversed(attempts) if (a.get("outcome") or {}).get("state") == "ready"), None)
+    if served is not None:
+        serving, result = served.get("profile"), ("ready" if served.get("profile") == requested else "degraded")
+    elif restored:
+        serving, result = restored, "restored"
+    else:
+        serving, result = None, "failed"
+    return {
+        "asked_profile": requested,
+        "serving_profile": serving,
+        "outcome": result,
+        "ooms": sum(1 for a in attempts if (a.get("outcome") or {}).get("state") == "oom"),
+        "attempts": len(attempts),
+    }
+
+
+_ATTEMPT_KEYS = ("profile", "tuning", "nccl_set")
+
+
+def attempt_only(attempt: Mapping[str, Any]) -> dict[str, Any]:
+    """What a unit runs (profile, tuning, NCCL set), without this run's outcome and bookkeeping."""
+    return {key: attempt.get(key) for key in _ATTEMPT_KEYS}
+
+
+def history_entries(attempts: Sequence[Mapping[str, Any]], now: str) -> list[dict[str, Any]]:
+    """One history record per attempt: time, profile, tuning, NCCL set, outcome, phase, cause."""
+    entries = []
+    for attempt in attempts:
+        outcome = attempt.get("outcome") or {}
+        entries.append({"time": attempt.get("time") or now, **attempt_only(attempt),
+                        "outcome": outcome.get("state"), "phase": outcome.get("phase"), "cause": outcome.get("cause")})
+    return entries
