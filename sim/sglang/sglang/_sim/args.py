@@ -138,7 +138,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _config_args(path: str) -> list[str]:
+    """A --config YAML file as command-line arguments, like SGLang's ConfigArgumentMerger: flat
+    `key: value` pairs, keys with dashes or underscores, booleans as switches. Only what a flat YAML
+    mapping of scalars needs (the simulator has no YAML library)."""
+    out: list[str] = []
+    with open(path, encoding="utf-8") as fh:
+        for raw in fh:
+            line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+            if not line or line == "---":
+                continue
+            key, _, value = line.partition(":")
+            flag, value = "--" + key.strip().replace("_", "-"), value.strip()
+            if value.startswith('"') or value.startswith("'"):
+                value = json.loads(value) if value.startswith('"') else value[1:-1]
+            if value in ("true", "True"):
+                out.append(flag)
+            elif value not in ("false", "False", "null", "~", ""):
+                out += [flag, value]
+    return out
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    if "--config" in argv:  # values from the file come first, so the command line wins
+        i = argv.index("--config")
+        argv = _config_args(argv[i + 1]) + argv[:i] + argv[i + 2:]
     args = build_parser().parse_args(argv)
     args.json_model_override_args = json.loads(args.json_model_override_args or "{}")
     if args.enable_ep_moe:
