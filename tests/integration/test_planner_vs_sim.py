@@ -12,6 +12,7 @@ local subprocess, no containers. Run this file as a script to print the comparis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -79,20 +80,16 @@ def health(port: int) -> int | None:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
+    """Stop the simulator's process group: SIGTERM, then SIGKILL for whatever is left of it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        except ProcessLookupError:
-            pass
-    # ranks die with the main process (PDEATHSIG); a straggler of the group goes too
-    try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        # ranks die with the main process (PDEATHSIG); a straggler of the group goes too
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if proc.poll() is None:
+        proc.wait(5)
 
 
 def run_sim(model_dir: Path, work: Path, flags: dict) -> dict:
@@ -115,9 +112,21 @@ def run_sim(model_dir: Path, work: Path, flags: dict) -> dict:
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--port", str(port),
-             *cli_flags(flags)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                str(model_dir),
+                "--port",
+                str(port),
+                *cli_flags(flags),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=work,
+            start_new_session=True,
         )
     try:
         result = "timeout"
@@ -191,8 +200,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "Kimi-K2.6"
         subprocess.run([sys.executable, str(MAKE_MODEL_DIR), str(model)], check=True, capture_output=True)
-        print("| layout | planner verdict | planner weights GiB | planner KV tokens | simulator | "
-              "sim weights GB | sim KV tokens | diff |")
+        print(
+            "| layout | planner verdict | planner weights GiB | planner KV tokens | simulator | "
+            "sim weights GB | sim KV tokens | diff |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for name, flags in LAYOUTS.items():
             work = Path(tmp) / re.sub(r"\W+", "_", name)
@@ -201,9 +212,11 @@ def main() -> None:
             sim = run_sim(model, work, flags)
             sw = sim["weights_gb"]
             diff = f"{(planned.weights_gib_per_gpu - sw) / sw:+.1%}" if sw else "-"
-            print(f"| {name} | {planned.verdict} | {planned.weights_gib_per_gpu} | {planned.kv_tokens} | "
-                  f"{sim['result']} ({sim['seconds']} s) | {sw if sw is not None else '-'} | "
-                  f"{sim['kv_tokens'] if sim['kv_tokens'] is not None else '-'} | {diff} |")
+            print(
+                f"| {name} | {planned.verdict} | {planned.weights_gib_per_gpu} | {planned.kv_tokens} | "
+                f"{sim['result']} ({sim['seconds']} s) | {sw if sw is not None else '-'} | "
+                f"{sim['kv_tokens'] if sim['kv_tokens'] is not None else '-'} | {diff} |"
+            )
 
 
 if __name__ == "__main__":
