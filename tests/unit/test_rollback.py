@@ -1,0 +1,362 @@
+"""The rollback logic: each cause of a failed start gets its remedy, and the end state is summarized.
+
+Ladders come from the shipped catalog (profiles/catalog.yml) through the same fallback_ladder the role
+uses, so a change of the shipped ladders shows up here too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from moefleet.logic import rollback
+from moefleet.logic.profiles import fallback_ladder
+from moefleet.logic.rollback import (
+    CUDA_GRAPH_BS_START,
+    MEM_FRACTION_ASSUMED_DEFAULT,
+    MEM_FRACTION_CAP,
+    SHM_NCCL_SET,
+    RollbackError,
+    attempt_only,
+    first_attempt,
+    history_entries,
+    next_step,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())
+
+OOM_WEIGHTS = {"state": "oom", "phase": "weight_load", "cause": None}
+OOM_KV = {"state": "oom", "phase": "kv_cache", "cause": None}
+OOM_GRAPH = {"state": "oom", "phase": "cuda_graph", "cause": None}
+OOM_RUNTIME = {"state": "oom", "phase": "runtime", "cause": None}
+HUNG = {"state": "hung", "phase": "nccl_init", "cause": None}
+READY = {"state": "ready", "phase": None, "cause": None}
+
+
+def ladder(name: str) -> list[str]:
+    return fallback_ladder(CATALOG, name)
+
+
+def failed(attempt: dict, outcome: dict) -> dict:
+    return {**attempt, "outcome": outcome}
+
+
+def start(profile: str) -> dict:
+    return first_attempt(profile, CATALOG["profiles"][profile]["nccl"])
+
+
+def test_shipped_ladders_used_below():
+    assert ladder("tp4ep2") == ["tp4ep2", "tp2ep4", "ep8"]
+    assert ladder("ep8dpa") == ["ep8dpa", "ep8"]
+    assert ladder("ep8") == ["ep8"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# next_step: the remedy follows the cause
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_ready_is_done():
+    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), READY)], CATALOG)
+    assert step["action"] == "done"
+    assert "attempt" not in step
+    assert step["reason"] == "tp2ep4 serves."
+
+
+@pytest.mark.parametrize("outcome", [OOM_WEIGHTS, OOM_RUNTIME], ids=["weight_load", "runtime"])
+def test_weight_load_or_runtime_oom_goes_to_the_next_rung_at_once(outcome):
+    step = next_step(ladder("tp4ep2"), [failed(start("tp4ep2"), outcome)], CATALOG)
+    assert step["action"] == "start"
+    assert step["attempt"] == {"profile": "tp2ep4", "tuning": {}, "nccl_set": "pcie_p2p", "remedy": "fallback"}
+    assert step["reason"] == f"tp4ep2 ran out of memory ({outcome['phase']}); falling back to tp2ep4."
+
+
+def test_weight_load_oom_is_not_retuned_with_a_higher_mem_fraction():
+    step = next_step(ladder("tp4ep2"), [failed(start("tp4ep2"), OOM_WEIGHTS)], CATALOG, {"tp_size": 8})
+    assert "mem_fraction_static" not in step["attempt"]["tuning"]
+    assert step["attempt"]["profile"] != "tp4ep2"
+
+
+def test_kv_oom_retunes_once_from_the_assumed_default_fraction():
+    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), OOM_KV)], CATALOG, {"tp_size": 8, "ep_size": 4})
+    assert MEM_FRACTION_ASSUMED_DEFAULT == 0.80
+    assert step["action"] == "start"
+    assert step["attempt"]["profile"] == "tp2ep4"
+    assert step["attempt"]["tuning"] == {"mem_fraction_static": 0.84}
+    assert step["attempt"]["remedy"] == "retune_kv"
+    assert step["attempt"]["nccl_set"] == "pcie_p2p"
+    assert "--mem-fraction-static 0.84" in step["reason"]
+
+
+def test_kv_oom_retune_starts_from_the_profiles_own_fraction_and_stops_at_the_cap():
+    flags = CATALOG["profiles"]["ep8dpa"]["flags"]  # mem_fraction_static 0.92
+    step = next_step(ladder("ep8dpa"), [failed(start("ep8dpa"), OOM_KV)], CATALOG, flags)
+    assert step["attempt"]["tuning"] == {"mem_fraction_static": MEM_FRACTION_CAP} == {"mem_fraction_static": 0.93}
+
+
+def test_kv_oom_at_the_cap_already_goes_down_the_ladder():
+    flags = {**CATALOG["profiles"]["ep8dpa"]["flags"], "mem_fraction_static": 0.93}
+    step = next_step(ladder("ep8dpa"), [failed(start("ep8dpa"), OOM_KV)], CATALOG, flags)
+    assert step["action"] == "start"
+    assert step["attempt"]["profile"] == "ep8" and step["attempt"]["remedy"] == "fallback"
+
+
+def test_kv_oom_after_the_retune_goes_to_the_next_rung():
+    first = failed(start("tp2ep4"), OOM_KV)
+    retuned = next_step(ladder("tp2ep4"), [first], CATALOG)["attempt"]
+    step = next_step(ladder("tp2ep4"), [first, failed(retuned, OOM_KV)], CATALOG)
+    assert step["action"] == "start"
+    assert step["attempt"] == {"profile": "ep8", "tuning": {}, "nccl_set": "pcie_p2p", "remedy": "fallback"}
+    assert step["reason"] == "tp2ep4 ran out of memory (kv_cache); falling back to ep8."
+
+
+def test_kv_retune_uses_the_tuning_the_attempt_ran_with():
+    current = {**start("tp2ep4"), "tuning": {"mem_fraction_static": 0.85}, "outcome": OOM_KV}
+    step = next_step(ladder("tp2ep4"), [current], CATALOG, {"tp_size": 8, "mem_fraction_static": 0.7})
+    assert step["attempt"]["tuning"] == {"mem_fraction_static": 0.89}
+
+
+def test_cuda_graph_oom_halves_the_profiles_batch_once():
+    flags = CATALOG["profiles"]["ep8dpa"]["flags"]  # cuda_graph_max_bs 64
+    step = next_step(ladder("ep8dpa"), [failed(start("ep8dpa"), OOM_GRAPH)], CATALOG, flags)
+    assert step["action"] == "start"
+    assert step["attempt"]["profile"] == "ep8dpa"
+    assert step["attempt"]["tuning"] == {"cuda_graph_max_bs": 32}
+    assert step["attempt"]["remedy"] == "retune_cuda_graph"
+    assert "--cuda-graph-max-bs 32" in step["reason"]
+
+
+def test_cuda_graph_oom_without_a_profile_batch_starts_from_the_default_start():
+    step = next_step(ladder("tp8"), [failed(start("tp8"), OOM_GRAPH)], CATALOG, {"tp_size": 8})
+    assert step["attempt"]["tuning"] == {"cuda_graph_max_bs": CUDA_GRAPH_BS_START} == {"cuda_graph_max_bs": 64}
+
+
+def test_cuda_graph_oom_after_the_retune_goes_to_the_next_rung():
+    first = failed(start("ep8dpa"), OOM_GRAPH)
+    retuned = next_step(ladder("ep8dpa"), [first], CATALOG, CATALOG["profiles"]["ep8dpa"]["flags"])["attempt"]
+    step = next_step(ladder("ep8dpa"), [first, failed(retuned, OOM_GRAPH)], CATALOG)
+    assert step["action"] == "start"
+    assert step["attempt"]["profile"] == "ep8" and step["attempt"]["remedy"] == "fallback"
+    assert step["attempt"]["tuning"] == {}
+
+
+def test_a_kv_retune_does_not_use_up_the_cuda_graph_retune():
+    first = failed(start("tp2ep4"), OOM_KV)
+    retuned = next_step(ladder("tp2ep4"), [first], CATALOG)["attempt"]
+    step = next_step(ladder("tp2ep4"), [first, failed(retuned, OOM_GRAPH)], CATALOG)
+    assert step["attempt"]["profile"] == "tp2ep4"
+    assert step["attempt"]["remedy"] == "retune_cuda_graph"
+    # the earlier tuning is kept alongside the new one
+    assert step["attempt"]["tuning"] == {"mem_fraction_static": 0.84, "cuda_graph_max_bs": 64}
+
+
+def test_hang_retries_once_with_the_shm_nccl_set():
+    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), HUNG)], CATALOG)
+    assert step["action"] == "start"
+    assert attempt_only(step["attempt"]) == {"profile": "tp2ep4", "tuning": {}, "nccl_set": SHM_NCCL_SET}
+    assert step["attempt"]["remedy"] == "nccl_shm"
+    assert SHM_NCCL_SET == "pcie_shm"
+    assert step["reason"] == "tp2ep4 hung in nccl_init; retrying it once with NCCL P2P off (pcie_shm)."
+
+
+def test_hang_again_with_shm_goes_to_the_next_rung_with_its_own_nccl_set():
+    first = failed(start("tp2ep4"), HUNG)
+    shm = next_step(ladder("tp2ep4"), [first], CATALOG)["attempt"]
+    step = next_step(ladder("tp2ep4"), [first, failed(shm, HUNG)], CATALOG)
+    assert step["action"] == "start"
+    assert step["attempt"] == {"profile": "ep8", "tuning": {}, "nccl_set": "pcie_p2p", "remedy": "fallback"}
+    assert step["reason"] == "tp2ep4 hung (nccl_init); falling back to ep8."
+
+
+def test_hang_on_a_profile_already_on_shm_goes_down_at_once():
+    current = failed(first_attempt("tp2ep4", SHM_NCCL_SET), HUNG)
+    step = next_step(ladder("tp2ep4"), [current], CATALOG)
+    assert step["attempt"]["profile"] == "ep8"
+
+
+@pytest.mark.parametrize("cause", ["nccl", "port_in_use", "bad_weights", "unsupported_arch", "driver", "other"])
+def test_any_other_crash_restores_without_the_ladder(cause):
+    outcome = {"state": "crashed", "phase": "nccl_init", "cause": cause}
+    step = next_step(ladder("tp4ep2"), [failed(start("tp4ep2"), outcome)], CATALOG)
+    assert step["action"] == "restore"
+    assert "attempt" not in step
+    assert step["reason"] == (
+        f"tp4ep2 failed to start ({cause}), which another layout would not fix; restoring the last unit that served."
+    )
+
+
+@pytest.mark.parametrize("state", ["mismatch", "starting"])
+def test_other_failed_states_restore_too(state):
+    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), {"state": state})], CATALOG)
+    assert step["action"] == "restore"
+    assert f"({state})" in step["reason"]
+
+
+def test_a_crash_after_a_fallback_restores_rather_than_going_further():
+    attempts = [
+        failed(start("tp4ep2"), OOM_WEIGHTS),
+        failed({**start("tp2ep4"), "remedy": "fallback"}, {"state": "crashed", "cause": "nccl"}),
+    ]
+    assert next_step(ladder("tp4ep2"), attempts, CATALOG)["action"] == "restore"
+
+
+def test_the_whole_ladder_walked_by_weight_load_ooms_ends_in_restore():
+    rungs = ladder("tp4ep2")
+    attempts = [failed(start("tp4ep2"), OOM_WEIGHTS)]
+    walked = ["tp4ep2"]
+    while True:
+        step = next_step(rungs, attempts, CATALOG)
+        if step["action"] != "start":
+            break
+        walked.append(step["attempt"]["profile"])
+        attempts.append(failed(step["attempt"], OOM_WEIGHTS))
+    assert walked == ["tp4ep2", "tp2ep4", "ep8"]
+    assert step["action"] == "restore"
+    assert step["reason"] == (
+        "ep8 ran out of memory (weight_load), and the fallback ladder (tp4ep2 -> tp2ep4 -> ep8) is exhausted; "
+        "restoring the last unit that served."
+    )
+
+
+def test_last_rung_kv_oom_retunes_then_restores():
+    attempts = [failed(start("ep8"), OOM_KV)]
+    step = next_step(["ep8"], attempts, CATALOG)
+    assert step["action"] == "start" and step["attempt"]["remedy"] == "retune_kv"
+    attempts.append(failed(step["attempt"], OOM_KV))
+    assert next_step(["ep8"], attempts, CATALOG)["action"] == "restore"
+
+
+def test_empty_ladder_or_no_attempt_is_an_error():
+    with pytest.raises(RollbackError, match="ladder is empty"):
+        next_step([], [failed(start("tp8"), READY)], CATALOG)
+    with pytest.raises(RollbackError, match="No attempt was made"):
+        next_step(["tp8"], [], CATALOG)
+
+
+def test_fallback_to_a_profile_the_catalog_lacks_uses_the_p2p_set():
+    step = next_step(["tp8", "custom"], [failed(start("tp8"), OOM_WEIGHTS)], CATALOG)
+    assert step["attempt"]["profile"] == "custom" and step["attempt"]["nccl_set"] == "pcie_p2p"
+
+
+# ---------------------------------------------------------------------------------------------------
+# summarize, history_entries, attempt_only
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_summary_ready_when_the_asked_profile_serves_even_retuned():
+    attempts = [
+        failed(start("tp2ep4"), OOM_KV),
+        failed({**start("tp2ep4"), "tuning": {"mem_fraction_static": 0.84}, "remedy": "retune_kv"}, READY),
+    ]
+    assert summarize("tp2ep4", attempts) == {
+        "asked_profile": "tp2ep4",
+        "serving_profile": "tp2ep4",
+        "outcome": "ready",
+        "ooms": 1,
+        "attempts": 2,
+    }
+
+
+def test_summary_degraded_when_a_fallback_serves():
+    attempts = [
+        failed(start("tp4ep2"), OOM_WEIGHTS),
+        failed({**start("tp2ep4"), "remedy": "fallback"}, OOM_WEIGHTS),
+        failed({**start("ep8"), "remedy": "fallback"}, READY),
+    ]
+    assert summarize("tp4ep2", attempts) == {
+        "asked_profile": "tp4ep2",
+        "serving_profile": "ep8",
+        "outcome": "degraded",
+        "ooms": 2,
+        "attempts": 3,
+    }
+
+
+def test_summary_restored_names_the_restored_profile():
+    attempts = [failed(start("tp8"), {"state": "crashed", "cause": "nccl"})]
+    assert summarize("tp8", attempts, restored="tp2ep4") == {
+        "asked_profile": "tp8",
+        "serving_profile": "tp2ep4",
+        "outcome": "restored",
+        "ooms": 0,
+        "attempts": 1,
+    }
+
+
+def test_summary_failed_when_nothing_serves_and_nothing_was_restored():
+    attempts = [failed(start("ep8"), OOM_WEIGHTS)]
+    summary = summarize("ep8", attempts)
+    assert (summary["outcome"], summary["serving_profile"], summary["ooms"]) == ("failed", None, 1)
+
+
+def test_summary_prefers_a_served_attempt_over_a_restore():
+    attempts = [failed(start("tp4ep2"), OOM_WEIGHTS), failed({**start("tp2ep4"), "remedy": "fallback"}, READY)]
+    assert summarize("tp4ep2", attempts, restored="tp8")["outcome"] == "degraded"
+
+
+def test_summary_counts_only_ooms_not_hangs_or_crashes():
+    attempts = [
+        failed(start("tp2ep4"), HUNG),
+        failed(first_attempt("tp2ep4", SHM_NCCL_SET), OOM_GRAPH),
+        failed(start("ep8"), {"state": "crashed", "cause": "nccl"}),
+        failed(start("ep8"), {}),
+    ]
+    assert summarize("tp2ep4", attempts, restored="tp8")["ooms"] == 1
+
+
+def test_attempt_only_keeps_what_the_unit_runs():
+    attempt = {
+        "profile": "ep8dpa",
+        "tuning": {"cuda_graph_max_bs": 32},
+        "nccl_set": "pcie_p2p",
+        "remedy": "retune_cuda_graph",
+        "outcome": OOM_GRAPH,
+        "time": "2026-01-01T00:00:00Z",
+    }
+    assert attempt_only(attempt) == {"profile": "ep8dpa", "tuning": {"cuda_graph_max_bs": 32}, "nccl_set": "pcie_p2p"}
+    assert attempt_only({"profile": "tp8"}) == {"profile": "tp8", "tuning": None, "nccl_set": None}
+
+
+def test_history_has_one_entry_per_attempt_with_its_own_time_or_now():
+    attempts = [
+        {**failed(start("tp4ep2"), {"state": "oom", "phase": "weight_load", "cause": None}), "time": "T1"},
+        failed({**start("tp2ep4"), "remedy": "fallback"}, READY),
+        {"profile": "ep8"},  # no outcome recorded
+    ]
+    assert history_entries(attempts, now="NOW") == [
+        {
+            "time": "T1",
+            "profile": "tp4ep2",
+            "tuning": {},
+            "nccl_set": "pcie_p2p",
+            "outcome": "oom",
+            "phase": "weight_load",
+            "cause": None,
+        },
+        {
+            "time": "NOW",
+            "profile": "tp2ep4",
+            "tuning": {},
+            "nccl_set": "pcie_p2p",
+            "outcome": "ready",
+            "phase": None,
+            "cause": None,
+        },
+        {
+            "time": "NOW",
+            "profile": "ep8",
+            "tuning": None,
+            "nccl_set": None,
+            "outcome": None,
+            "phase": None,
+            "cause": None,
+        },
+    ]
+    assert history_entries([], now="NOW") == []
+
+
+def test_module_constants_the_tests_rely_on():
+    assert (rollback.MEM_FRACTION_STEP, rollback.MEM_FRACTION_CAP) == (0.04, 0.93)
