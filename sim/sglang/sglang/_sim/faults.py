@@ -1,6 +1,7 @@
 """Injected faults: env SGLANG_SIM_FAULTS = JSON list of {"fault": NAME, "flags": {...}, ...}.
 
-A fault applies to this start when every entry of its optional "flags" equals the parsed flag (keys as
+A fault applies to this start when every entry of its optional "flags" equals the parsed flag (null: the
+flag is unset) and every entry of its optional "env" equals the environment (null: unset); flag keys as
 ServerArgs fields or as flags: "tp_size", "tp-size", "--tp-size"); without "flags" it applies to every
 start. Other keys ("profile", comments) are ignored. Optional "gpus": [ids] restricts the OOM faults to those
 GPUs and places the stale process; optional "mib" sizes the stale process's memory on each of its GPUs.
@@ -28,7 +29,10 @@ def _norm(key: str) -> str:
 def _matches(args, flags: dict) -> bool:
     for key, want in (flags or {}).items():
         have = getattr(args, _norm(key), None)
-        if isinstance(have, bool) or isinstance(want, bool):
+        if want is None:  # null: the flag must be left at its default (unset)
+            if have is not None:
+                return False
+        elif isinstance(have, bool) or isinstance(want, bool):
             if bool(have) != (want if isinstance(want, bool) else str(want).lower() in ("1", "true", "yes")):
                 return False
         elif have is None or str(have) != str(want):
@@ -37,6 +41,16 @@ def _matches(args, flags: dict) -> bool:
                     return False
             except (TypeError, ValueError):
                 return False
+    return True
+
+
+def _env_matches(env: dict | None) -> bool:
+    """Optional "env": {VAR: value or null}; null means the variable must be unset (e.g. a P2P hang
+    that NCCL_P2P_DISABLE=1 avoids: {"NCCL_P2P_DISABLE": null})."""
+    for var, want in (env or {}).items():
+        have = os.environ.get(var)
+        if (want is None and have is not None) or (want is not None and have != str(want)):
+            return False
     return True
 
 
@@ -56,7 +70,7 @@ def active_faults(args, clock: Clock) -> list[dict]:
         if not isinstance(e, dict) or e.get("fault") not in FAULTS:
             line(clock, "", f"SGLANG_SIM_FAULTS: unknown fault entry ignored: {e!r}")
             continue
-        if _matches(args, e.get("flags")):
+        if _matches(args, e.get("flags")) and _env_matches(e.get("env")):
             out.append(e)
     return out
 
