@@ -1,0 +1,147 @@
+"""Fault classes on a lab host, one deploy each, in order (each starts from where the last one left the host).
+
+The deploys run with ansible-playbook against the scenario's inventory, with `sim_faults` given by -e;
+the host is then checked with testinfra: what the unit runs, what serves, and the moefleet local facts.
+"""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+INVENTORY = os.environ["MOEFLEET_LAB_INVENTORY"]
+
+
+def deploy(*extra_vars: str) -> tuple[int, str, dict]:
+    args = ["ansible-playbook", "-i", INVENTORY, str(ROOT / "deploy.yml")]
+    for value in extra_vars:
+        args += ["-e", value]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    # The lab host's recap line (not localhost's, which validates on the controller).
+    recap = re.search(r"^(?!localhost)\S+\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
+                      run.stdout, re.M)
+    keys = ("ok", "changed", "unreachable", "failed")
+    stats = dict(zip(keys, map(int, recap.groups()), strict=True)) if recap else {}
+    return run.returncode, run.stdout, stats
+
+
+def faults(*entries: tuple[str, str]) -> str:
+    return json.dumps({"sim_faults": [{"fault": f, "profile": p} for f, p in entries]})
+
+
+def facts(host) -> dict:
+    return json.loads(host.file("/etc/ansible/facts.d/moefleet.fact").content_string)
+
+
+def serving_args(host) -> dict:
+    return json.loads(host.check_output("curl -sf http://127.0.0.1:30000/server_info"))
+
+
+def invocation(host) -> str:
+    return host.check_output("systemctl show -p InvocationID --value sglang.service")
+
+
+def test_weight_load_oom_falls_back_down_the_ladder(host):
+    rc, out, _ = deploy("profile=tp8", faults(("oom_weight_load", "tp8")))
+    assert rc == 0, out[-3000:]
+    assert "DEGRADED" in out
+    f = facts(host)
+    assert (f["asked_profile"], f["serving_profile"], f["outcome"]) == ("tp8", "ep8", "degraded")
+    assert [(h["profile"], h["outcome"], h["phase"]) for h in f["history"][-2:]] == [
+        ("tp8", "oom", "weight_load"), ("ep8", "ready", None)]
+    assert serving_args(host)["ep_size"] == 8
+
+
+def test_rerun_with_nothing_changed_stays_put(host):
+    before = invocation(host)
+    rc, out, stats = deploy("profile=tp8", faults(("oom_weight_load", "tp8")))
+    assert rc == 0, out[-3000:]
+    assert stats["changed"] == 0, out[-3000:]
+    assert invocation(host) == before
+    assert facts(host)["serving_profile"] == "ep8"
+
+
+def test_kv_pool_oom_retunes_the_same_layout(host):
+    rc, out, _ = deploy("profile=tp2ep4", faults(("oom_kv_cache", "tp2ep4")))
+    assert rc == 0, out[-3000:]
+    f = facts(host)
+    assert (f["serving_profile"], f["outcome"]) == ("tp2ep4", "ready")
+    first, second = f["history"][-2:]
+    assert (first["outcome"], first["phase"]) == ("oom", "kv_cache")
+    assert second["outcome"] == "ready" and second["tuning"]["mem_fraction_static"] > 0.8
+    assert serving_args(host)["mem_fraction_static"] == second["tuning"]["mem_fraction_static"]
+
+
+def test_cuda_graph_oom_retunes_the_batch_sizes(host):
+    rc, out, _ = deploy("profile=tp4ep2", faults(("oom_cuda_graph", "tp4ep2")))
+    assert rc == 0, out[-3000:]
+    f = facts(host)
+    assert (f["serving_profile"], f["outcome"]) == ("tp4ep2", "ready")
+    assert f["history"][-2]["phase"] == "cuda_graph"
+    assert serving_args(host)["cuda_graph_max_bs"] == f["history"][-1]["tuning"]["cuda_graph_max_bs"]
+
+
+def test_hang_retries_with_p2p_off(host):
+    rc, out, _ = deploy("profile=ep8", faults(("hang", "ep8")))
+    assert rc == 0, out[-3000:]
+    f = facts(host)
+    assert (f["serving_profile"], f["outcome"]) == ("ep8", "ready")
+    assert (f["history"][-2]["outcome"], f["history"][-1]["nccl_set"]) == ("hung", "pcie_shm")
+    env = host.check_output("systemctl show -p Environment --value sglang.service")
+    assert "NCCL_P2P_DISABLE=1" in env
+
+
+def test_crash_restores_the_last_unit_that_served(host):
+    rc, out, _ = deploy("profile=tp8", faults(("crash", "tp8")))
+    assert rc != 0, "a start that crashed for a non-memory reason must fail the play"
+    assert "does not serve tp8" in out
+    f = facts(host)
+    assert (f["asked_profile"], f["outcome"], f["serving_profile"]) == ("tp8", "restored", "ep8")
+    assert f["history"][-1]["outcome"] == "crashed"
+    assert serving_args(host)["ep_size"] == 8
+
+
+def test_port_in_use_restores_too(host):
+    rc, out, _ = deploy("profile=tp2ep4", faults(("port_in_use", "tp2ep4")))
+    assert rc != 0
+    f = facts(host)
+    assert f["outcome"] == "restored" and f["history"][-1]["cause"] == "port_in_use"
+    assert host.socket("tcp://127.0.0.1:30000").is_listening
+
+
+def stale_holder(host, user: str) -> int:
+    """Leave an orphaned scheduler of `user` holding 20 GiB on every GPU, outside the unit (as an earlier
+    start run by hand or in another cgroup would), and return its PID."""
+    host.check_output(
+        f"runuser -u {user} -- /opt/sglang/venv/bin/python -m sglang._sim.stale "
+        "'{\"gpus\": [0, 1, 2, 3, 4, 5, 6, 7], \"mib\": 20480}'")
+    owned = host.check_output(f"pgrep -u {user} -d ' ' . || true").split()
+    apps = host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()
+    unit = host.check_output("systemctl show -p ControlGroup --value sglang.service")
+    stale = [int(p) for p in set(owned) & set(apps)
+             if unit not in host.file(f"/proc/{p}/cgroup").content_string]
+    assert len(stale) == 1, (owned, apps)
+    return stale[0]
+
+
+def test_service_users_leftover_is_cleaned(host):
+    pid = stale_holder(host, "sglang")
+    rc, out, _ = deploy("profile=tp8", "sglang_service_retry=true")
+    assert rc == 0, out[-3000:]
+    assert not host.run(f"kill -0 {pid}").succeeded
+    assert facts(host)["serving_profile"] == "tp8"
+
+
+def test_someone_elses_gpu_process_refuses_the_start(host):
+    pid = stale_holder(host, "nobody")
+    try:
+        before = host.file("/etc/systemd/system/sglang.service").content_string
+        rc, out, _ = deploy("profile=ep8")
+        assert rc != 0
+        assert f"PID {pid}" in out and "Stop them" in out
+        assert host.file("/etc/systemd/system/sglang.service").content_string == before
+    finally:
+        host.run(f"kill -9 {pid}")
