@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""moefleet benchmarks (`make bench`): prints tables, asserts nothing. See tests/bench/README.md.
+
+(a) OOM detection latency of the sglang_readiness module. Each run starts the module in ``log_path``
+    mode (as Ansible runs it: a child process reading its args file), then the simulator
+    (sim/sglang, a local subprocess) with ``SGLANG_SIM_FAULTS=[{"fault": "oom_weight_load"}]`` writing
+    its stdout and stderr to the followed file. A watcher thread reads the file every 5 ms and stamps the
+    first OOM line it sees; the latency is from that stamp to the module process returning.
+    Baseline: a ``uri``-style loop polling ``/health`` once a second until its timeout, started with the
+    same simulator; it never sees the OOM and can only say that it gave up.
+(b) ``rollout_bench()``: a hook for timing ``ansible-playbook`` rollouts, not part of this run unless
+    ``MOEFLEET_BENCH_ROLLOUT=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = ROOT / "plugins" / "modules" / "sglang_readiness.py"
+CLASSIFIER = ROOT / "plugins" / "module_utils" / "sglang_log.py"
+SIM_SGLANG = ROOT / "sim" / "sglang"
+MAKE_MODEL_DIR = ROOT / "sim" / "model" / "make_model_dir.py"
+
+# What Ansible's module_utils loader does in a real run (as in tests/unit/test_sglang_readiness.py):
+# make the classifier importable as ansible.module_utils.sglang_log, then run the module as __main__
+# with the args file as argv[1].
+BOOT = """
+import importlib.util, runpy, sys
+import ansible.module_utils
+spec = importlib.util.spec_from_file_location("ansible.module_utils.sglang_log", sys.argv[2])
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+spec.loader.exec_module(mod)
+ansible.module_utils.sglang_log = mod
+sys.argv = [sys.argv[3], sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+SIM_FLAGS = ["--tp-size", "8", "--ep-size", "4"]  # tp2ep4, the demo's profile
+SIM_TIME_SCALE = "0.05"
+FAULT = [{"fault": "oom_weight_load"}]
+OOM_MARKERS = (b"torch.OutOfMemoryError", b"CUDA out of memory", b"Not enough memory")
+WATCH_EVERY = 0.005  # seconds between the watcher's reads of the log file
+MODULE_TIMEOUT = 30  # the module's own timeout in this bench (the role's default is 2700 s)
+BASELINE_TIMEOUT = 15.0  # the uri loop's give-up time, capped below MODULE_TIMEOUT to keep the bench short
+BASELINE_DELAY = 1.0  # seconds between the uri loop's tries (`until:` ... `delay: 1`)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile: the smallest value with at least pct % of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.wait(5)
+
+
+class Watcher(threading.Thread):
+    """Reads the log file every WATCH_EVERY s and stamps (monotonic) the first time an OOM line is in it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.oom_at: float | None = None
+        self.first_byte_at: float | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        seen = b""
+        with open(self.path, "rb") as handle:
+            while not self._halt.is_set():
+                data = handle.read()
+                if data:
+                    now = time.monotonic()
+                    if self.first_byte_at is None:
+                        self.first_byte_at = now
+                    tail = seen[-200:] + data  # a marker split across two reads is still found
+                    seen += data
+                    if any(m in tail for m in OOM_MARKERS):
+                        self.oom_at = now
+                        return
+                time.sleep(WATCH_EVERY)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+
+class UriBaseline(threading.Thread):
+    """ansible.builtin.uri with ``until: status == 200``: GET /health once a second until the timeout."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.url = f"http://127.0.0.1:{port}/health"
+        self.tries = 0
+        self.last = "not tried"
+        self.ready = False
+        self.ended_at: float | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + BASELINE_TIMEOUT
+        while True:
+            self.tries += 1
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    self.last = f"HTTP {r.status}"
+                    if r.status == 200:
+                        self.ready = True
+                        break
+            except urllib.error.HTTPError as e:
+                self.last = f"HTTP {e.code}"
+            except OSError as e:
+                self.last = f"Request failed: {getattr(e, 'reason', e)}"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(BASELINE_DELAY, left))
+        self.ended_at = time.monotonic()
+
+
+def module_follows(proc: subprocess.Popen, log: Path, limit: float = 10.0) -> float:
+    """Wait until the module process holds the log file open (Linux /proc); seconds waited."""
+    started = time.monotonic()
+    fd_dir = Path(f"/proc/{proc.pid}/fd")
+    if not fd_dir.is_dir():
+        time.sleep(1.0)
+        return time.monotonic() - started
+    target = str(log.resolve())
+    while time.monotonic() - started < limit and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == target for fd in fd_dir.iterdir()):
+                return time.monotonic() - started
+        time.sleep(0.005)
+    return time.monotonic() - started
+
+
+def one_oom_run(work: Path, model: Path, spec: Path) -> dict:
+    """One injected weight-load OOM; the module's and the baseline's view of it."""
+    work.mkdir()
+    state = work / "procs"
+    state.mkdir()
+    log = work / "server.log"
+    log.touch()
+    port = free_port()
+    args = work / "args.json"
+    args.write_text(
+        json.dumps(
+            {
+                "ANSIBLE_MODULE_ARGS": {
+                    "log_path": str(log),
+                    "url": f"http://127.0.0.1:{port}",
+                    "timeout": MODULE_TIMEOUT,
+                    "_ansible_check_mode": False,
+                }
+            }
+        )
+    )
+    module = subprocess.Popen(
+        [sys.executable, "-c", BOOT, str(args), str(CLASSIFIER), str(MODULE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    follow_wait = module_follows(module, log)
+    watcher = Watcher(log)
+    watcher.start()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SIM_SGLANG),
+        "SIM_GPU_SPEC": str(spec),
+        "SIM_GPU_STATE_DIR": str(state),
+        "SGLANG_SIM_TIME_SCALE": SIM_TIME_SCALE,
+        "SGLANG_SIM_FAULTS": json.dumps(FAULT),
+    }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    baseline = UriBaseline(port)
+    with open(log, "ab") as out:
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port), *SIM_FLAGS],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=work,
+            start_new_session=True,
+        )
+    sim_started = time.monotonic()
+    baseline.start()
+    try:
+        out, err = module.communicate(timeout=MODULE_TIMEOUT + 30)
+        module_ended = time.monotonic()
+    finally:
+        kill_group(sim)
+        if module.poll() is None:
+            module.kill()
+            module.wait()
+        watcher.stop()
+        watcher.join(2)
+    try:
+        result = json.loads(out)
+    except ValueError:
+        result = {"state": "no result", "msg": err[-500:]}
+    return {
+        "follow_wait_s": follow_wait,
+        "sim_started": sim_started,
+        "oom_at": watcher.oom_at,
+        "module_ended": module_ended,
+        "latency_s": (module_ended - watcher.oom_at) if watcher.oom_at else None,
+        "state": result.get("state"),
+        "phase": result.get("phase"),
+        "gpu": (result.get("oom") or {}).get("gpu"),
+        "module_elapsed_s": result.get("elapsed"),
+        "baseline": baseline,
+    }
+
+
+def oom_latency_bench(runs: int) -> list[dict]:
+    print(f"## (a) OOM detection latency: sglang_readiness (log_path mode) vs a uri loop on /health, {runs} runs\n")
+    print(
+        f"Simulator: sim/sglang `{' '.join(SIM_FLAGS)}`, SGLANG_SIM_TIME_SCALE={SIM_TIME_SCALE}, "
+        f"fault oom_weight_load; module timeout {MODULE_TIMEOUT} s; uri loop every {BASELINE_DELAY:g} s "
+        f"until {BASELINE_TIMEOUT:g} s; watcher reads the log every {WATCH_EVERY * 1000:g} ms.\n",
+        flush=True,
+    )
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="moefleet-bench-") as tmp:
+        root = Path(tmp)
+        model = root / "Kimi-K2.6"
+        subprocess.run([sys.executable, str(MAKE_MODEL_DIR), str(model)], check=True, capture_output=True)
+        spec = root / "gpus.json"
+        spec.write_text(json.dumps({"count": 8}))
+        for i in range(runs):
+            row = one_oom_run(root / f"run-{i:02d}", model, spec)
+            rows.append(row)
+            lat = f"{row['latency_s'] * 1000:.0f} ms" if row["latency_s"] is not None else "no OOM line seen"
+            print(f"run {i + 1:2d}: module {row['state']}/{row['phase']} GPU {row['gpu']}, latency {lat}", flush=True)
+        print("\nwaiting for the uri loops to give up ...", flush=True)
+        for row in rows:
+            row["baseline"].join(BASELINE_TIMEOUT + 10)
+    report(rows)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
+    detected = [r for r in rows if r["latency_s"] is not None and r["state"] == "oom"]
+    lat = [r["latency_s"] for r in detected]
+    print("\n| detector | runs | OOM reported | cause known | p50 | p95 | max | measured from |")
+    print("|---|---|---|---|---|---|---|---|")
+    if lat:
+        print(
+            f"| sglang_readiness (log_path) | {len(rows)} | {len(detected)} | phase + GPU + MiB | "
+            f"{percentile(lat, 50) * 1000:.0f} ms | {percentile(lat, 95) * 1000:.0f} ms | {max(lat) * 1000:.0f} ms | "
+            "OOM line in the log → module returns |"
+        )
+    else:
+        print(f"| sglang_readiness (log_path) | {len(rows)} | 0 | - | - | - | - | no OOM detected |")
+    gave_up = [r["baseline"].ended_at - r["oom_at"] for r in rows if r["oom_at"] and r["baseline"].ended_at]
+    total = [r["baseline"].ended_at - r["sim_started"] for r in rows if r["baseline"].ended_at]
+    saw_ready = sum(1 for r in rows if r["baseline"].ready)
+    if gave_up:
+        print(
+            f"| uri loop on /health (baseline) | {len(rows)} | 0 (gave up at its timeout) | no | "
+            f"{percentile(gave_up, 50):.1f} s | {percentile(gave_up, 95):.1f} s | {max(gave_up):.1f} s | "
+            "OOM line in the log → loop gives up |"
+        )
+    lasts = sorted({r["baseline"].last for r in rows})
+    print(
+        f"\nBaseline: {len(total)} loops ran for {min(total, default=0):.1f}-{max(total, default=0):.1f} s each "
+        f"(timeout {BASELINE_TIMEOUT:g} s, a real `until`/`retries` loop would wait its whole timeout: "
+        f"{MODULE_TIMEOUT} s here, 2700 s with the role's default); {saw_ready} saw the server ready. "
+        f"All it can report is its last answer: {'; '.join(lasts)}. It cannot say the server died, nor why."
+    )
+    phases = sorted({f"{r['state']}/{r['phase']}" for r in rows})
+    waits = [r["follow_wait_s"] for r in rows]
+    elapsed = [r["module_elapsed_s"] for r in rows if r["module_elapsed_s"] is not None]
+    print(
+        f"Module verdicts: {', '.join(phases)}; module start-up until it follows the file: "
+        f"p50 {percentile(waits, 50) * 1000:.0f} ms (excluded from the latency); module's own `elapsed` "
+        f"p50 {percentile(elapsed, 50):.2f} s (includes the simulator's start-up before the OOM).\n"
+        if elapsed
+        else ""
+    )
+
+
+def rollout_bench() -> None:
+    """Timing of ansible-playbook rollouts on the lab (fault start to fallback serving, per class).
+
+    Placeholder: another engineer fills this in; it runs only with MOEFLEET_BENCH_ROLLOUT=1.
+    """
+    if os.environ.get("MOEFLEET_BENCH_ROLLOUT") != "1":
+        print("## (b) rollout bench: not part of this run (set MOEFLEET_BENCH_ROLLOUT=1)")
+        return
+    print("## (b) rollout bench: not written yet")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=int(os.environ.get("MOEFLEET_BENCH_RUNS", "20")),
+        help="injected OOMs to time (default 20, or MOEFLEET_BENCH_RUNS)",
+    )
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    oom_latency_bench(args.runs)
+    rollout_bench()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
