@@ -1,0 +1,143 @@
+"""Run this repository's playbooks through ansible-runner, the way ansible-rulebook does.
+
+A fresh private data directory per run, the repository as project directory, events handed to the caller
+as they come, and Ctrl-C in two steps: the first asks the run to stop after the running task (the
+moefleet_report callback ends the run at the next task start and writes its report), the second stops it
+at once (ansible-runner kills ansible-playbook).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PLAYBOOKS = REPO_ROOT / "playbooks"
+ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
+CALLBACK_PLUGINS = REPO_ROOT / "plugins" / "callback"
+# How often ansible-runner asks cancel_callback, in seconds (its default is 5).
+POLL_SECONDS = 0.5
+
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+class BadInput(Exception):
+    """Input a command cannot use; the message is the one line printed to stderr."""
+
+
+@dataclass
+class RunResult:
+    """How a run ended: ansible-runner's status and rc, and whether the operator interrupted it."""
+
+    status: str
+    rc: int | None
+    interrupted: bool = False
+    hard_stopped: bool = False
+    stats: Mapping[str, Any] | None = None
+
+
+class Interrupt:
+    """SIGINT handler: the first asks for a stop after the running task, the second for a stop now."""
+
+    def __init__(self, stop_file: Path, notice: Callable[[str], None]) -> None:
+        self.stop_file = stop_file
+        self.notice = notice
+        self.requested = False
+        self.hard = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.requested:
+            self.hard = True
+            self.notice("Stopping now.")
+            return
+        self.requested = True
+        self.stop_file.touch()
+        self.notice("Stopping after the running task; press Ctrl-C again to stop now.")
+
+    def cancel(self) -> bool:
+        """ansible-runner's cancel_callback: True kills the run."""
+        return self.hard
+
+
+def playbook_path(name: str) -> Path:
+    path = PLAYBOOKS / name
+    if not path.is_file():
+        raise BadInput(f"The playbook {path} is missing from this installation.")
+    return path
+
+
+def inventory_path(inventory: str | Path) -> Path:
+    path = Path(inventory).expanduser().resolve()
+    if not path.exists():
+        raise BadInput(f"The inventory {inventory} does not exist: pass -i with a file or directory that does.")
+    return path
+
+
+def search_path() -> str:
+    """PATH with the directory of this Python first, so the run uses the venv's ansible-playbook."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    if not shutil.which("ansible-playbook", path=path):
+        raise BadInput("ansible-playbook is not installed: run `make setup` (or pip install ansible-core).")
+    return path
+
+
+def run_playbook(
+    name: str,
+    inventory: str | Path,
+    extravars: Mapping[str, Any] | None = None,
+    on_event: EventHandler | None = None,
+    notice: Callable[[str], None] = print,
+) -> RunResult:
+    """Run playbooks/<name> on the inventory and return how it ended; BadInput before anything runs."""
+    import ansible_runner
+
+    playbook = playbook_path(name)
+    hosts = inventory_path(inventory)
+    path = search_path()
+    with tempfile.TemporaryDirectory(prefix="moefleet-run-") as data_dir:
+        interrupt = Interrupt(Path(data_dir) / "stop-requested", notice)
+
+        def handle(event: dict[str, Any]) -> bool:
+            if on_event is not None:
+                on_event(event)
+            return True  # keep the event: ansible-runner reads the stats from it
+
+        envvars = {
+            "PATH": path,
+            "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
+            # ansible-runner prepends its own callback directory to this variable, which hides the
+            # callback_plugins setting of ansible.cfg: name ours here as well.
+            "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACK_PLUGINS),
+            "ANSIBLE_CALLBACKS_ENABLED": "moefleet_report",
+            "MOEFLEET_STOP_FILE": str(interrupt.stop_file),
+        }
+        previous = signal.signal(signal.SIGINT, interrupt)
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=data_dir,
+                project_dir=str(REPO_ROOT),
+                playbook=str(playbook),
+                inventory=str(hosts),
+                extravars=dict(extravars or {}),
+                envvars=envvars,
+                event_handler=handle,
+                cancel_callback=interrupt.cancel,
+                settings={"pexpect_timeout": POLL_SECONDS, "suppress_ansible_output": True},
+                quiet=True,
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return RunResult(
+            status=runner.status,
+            rc=runner.rc,
+            interrupted=interrupt.requested,
+            hard_stopped=interrupt.hard,
+            stats=runner.stats,
+        )

@@ -1,0 +1,371 @@
+"""Callback plugin moefleet_report: where every host of a rollout ended, as JSON and Markdown.
+
+The rollout stops at the first failed host (any_errors_fatal), so no later play could write the report:
+this callback collects it from the run's events and writes it when the run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ansible.plugins.callback import CallbackBase
+
+DOCUMENTATION = r"""
+name: moefleet_report
+type: aggregate
+short_description: Write a rollout report (host, asked and serving profile, outcome, OOMs, seconds)
+description:
+  - Follows the hosts of the play that serves SGLang (the play that runs the moefleet roles) and, when the
+    run ends, writes C(rollout-<UTC time>.json) and C(.md) into C(moefleet_report_dir), or exactly
+    C(<moefleet_report_path>.json) and C(.md), and prints the summary table.
+  - Active only when a play has the variable C(moefleet_report_dir), when the extra variable
+    C(moefleet_report_path) is set, or when the playbook file is C(rollout.yml) (directory C(reports)).
+  - A host's outcome is the C(sglang_service_outcome) fact the role C(sglang_service) sets (ready, degraded,
+    restored, failed), else failed or unreachable from its results, untouched when the run stopped before its
+    batch, stopped when it was reached but the run ended before it finished.
+  - When the file named by the environment variable C(MOEFLEET_STOP_FILE) exists at the start of a task, the
+    report is written and the run ends before that task starts (how C(moefleet rollout) stops on Ctrl-C).
+  - C(moefleet_report_dir) (a play variable) is relative to the working directory; C(moefleet_report_path)
+    (an extra variable) is the report's path without extension.
+requirements:
+  - enabled in ansible.cfg (callbacks_enabled = moefleet_report)
+"""
+
+# Roles whose tasks mark the play that installs and serves SGLang.
+_SERVE_ROLES = frozenset({"nvidia_driver", "cuda_toolkit", "sglang", "sglang_model", "sglang_service"})
+_DEFAULT_DIR_PLAYBOOKS = {"rollout.yml": "reports"}
+_FINAL = ("ready", "degraded", "restored", "failed")
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
+
+
+def _one_line(text: object, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _handled_by_rescue(task) -> bool:
+    """Whether the task sits in the block part of a block that has a rescue section."""
+    child, parent = task, getattr(task, "_parent", None)
+    while parent is not None:
+        if getattr(parent, "rescue", None) and any(
+            getattr(t, "_uuid", None) == child._uuid for t in getattr(parent, "block", None) or []
+        ):
+            return True
+        child, parent = parent, getattr(parent, "_parent", None)
+    return False
+
+
+class _Host:
+    """What the run showed of one host."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.reached = False
+        self.start: float | None = None
+        self.end: float | None = None
+        self.outcome: dict | None = None
+        self.failed = False
+        self.unreachable = False
+        self.message = ""
+        self.serving_before: str | None = None
+        self.asked: str | None = None
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "moefleet_report"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._clock = time.time
+        self._stop_file = os.environ.get("MOEFLEET_STOP_FILE")
+        self._reset()
+
+    def _reset(self) -> None:
+        self._playbook = ""
+        self._started: float | None = None
+        self._report_dir: str | None = None
+        self._report_path: str | None = None
+        self._asked_profile: str | None = None
+        self._inventory = None
+        self._play_pattern = ""
+        self._play_is_serve = False
+        self._play_first_task: dict[str, float] = {}
+        self._run_failed = False
+        self._serve_patterns: list[str] = []
+        self._other_patterns: list[str] = []
+        self._hosts: dict[str, _Host] = {}
+        self._written = False
+        self.report_files: tuple[Path, Path] | None = None
+
+    # -- collecting ---------------------------------------------------------------------------------------
+
+    def _host(self, name: str) -> _Host:
+        if name not in self._hosts:
+            self._hosts[name] = _Host(name)
+        return self._hosts[name]
+
+    def v2_playbook_on_start(self, playbook) -> None:
+        self._reset()
+        self._playbook = os.path.basename(getattr(playbook, "_file_name", "") or "")
+        self._started = self._clock()
+        self._report_dir = _DEFAULT_DIR_PLAYBOOKS.get(self._playbook)
+
+    def v2_playbook_on_play_start(self, play) -> None:
+        # Sent once per batch: the serve play starts again for every batch of hosts.
+        manager = play.get_variable_manager()
+        extra = dict(getattr(manager, "extra_vars", {}) or {})
+        play_vars = dict(play.get_vars() or {})
+        if extra.get("moefleet_report_path"):
+            self._report_path = str(extra["moefleet_report_path"])
+        if play_vars.get("moefleet_report_dir"):
+            self._report_dir = str(play_vars["moefleet_report_dir"])
+        if extra.get("profile") is not None:
+            self._asked_profile = str(extra["profile"])
+        self._inventory = getattr(manager, "_inventory", None)
+        self._play_pattern = play.hosts if isinstance(play.hosts, str) else ",".join(map(str, play.hosts or []))
+        self._play_first_task = {}
+        self._play_is_serve = False
+        if self._play_pattern in self._serve_patterns:
+            self._mark_serve_play()
+        elif self._play_pattern not in self._other_patterns:
+            self._other_patterns.append(self._play_pattern)
+
+    def _mark_serve_play(self) -> None:
+        """This play installs and serves: its hosts count as reached from their first task in it."""
+        self._play_is_serve = True
+        if self._play_pattern not in self._serve_patterns:
+            self._serve_patterns.append(self._play_pattern)
+        for name, started in self._play_first_task.items():
+            entry = self._host(name)
+            entry.reached = True
+            entry.start = min(entry.start or started, started)
+
+    def v2_playbook_on_task_start(self, task, is_conditional) -> None:
+        if self._stop_file and os.path.exists(self._stop_file):
+            self._stop_before(task)
+        role = getattr(task, "_role", None)
+        if not self._play_is_serve and role is not None and role.get_name() in _SERVE_ROLES:
+            self._mark_serve_play()
+
+    def v2_playbook_on_handler_task_start(self, task) -> None:
+        self.v2_playbook_on_task_start(task, False)
+
+    def v2_runner_on_start(self, host, task) -> None:
+        name = host.get_name()
+        self._play_first_task.setdefault(name, self._clock())
+        if self._play_is_serve:
+            self._mark_serve_play()
+
+    def _result(self, result, status: str) -> None:
+        name = result.host.get_name()
+        data = result._result
+        facts = data.get("ansible_facts") or {}
+        action = getattr(result.task, "action", "") or ""
+        if action.endswith("moefleet_profile") and isinstance(data.get("hosts"), dict):
+            for host, resolved in data["hosts"].items():
+                if isinstance(resolved, dict) and resolved.get("name"):
+                    self._host(host).asked = str(resolved["name"])
+        if status == "unreachable":
+            # Unreachable in any play: the host was tried and could not be managed.
+            entry = self._host(name)
+            entry.reached = entry.unreachable = True
+            entry.start = entry.start or self._play_first_task.get(name, self._clock())
+            entry.end = self._clock()
+            entry.message = _one_line(data.get("msg", ""))
+            return
+        if not (self._play_is_serve or facts):
+            return
+        entry = self._host(name)
+        local = (facts.get("ansible_local") or {}).get("moefleet") or {}
+        if local.get("serving_profile") and not entry.reached:
+            entry.serving_before = str(local["serving_profile"])
+        if isinstance(facts.get("sglang_service_outcome"), dict):
+            entry.outcome = facts["sglang_service_outcome"]
+        if not self._play_is_serve:
+            return
+        entry.end = self._clock()
+        if status == "failed":
+            entry.message = _one_line(data.get("msg", ""))
+            if not _handled_by_rescue(result.task):
+                entry.failed = True
+
+    def v2_runner_on_ok(self, result) -> None:
+        self._result(result, "ok")
+
+    def v2_runner_on_failed(self, result, ignore_errors=False) -> None:
+        self._result(result, "ok" if ignore_errors else "failed")
+
+    def v2_runner_on_unreachable(self, result) -> None:
+        self._result(result, "unreachable")
+
+    def v2_runner_on_skipped(self, result) -> None:
+        self._result(result, "skipped")
+
+    def v2_playbook_on_stats(self, stats) -> None:
+        # The stats know which failures a rescue handled: only the others count.
+        failures, dark = getattr(stats, "failures", {}) or {}, getattr(stats, "dark", {}) or {}
+        for name, entry in self._hosts.items():
+            entry.failed = bool(failures.get(name))
+            entry.unreachable = entry.unreachable or bool(dark.get(name))
+        self._run_failed = any(failures.values()) or any(dark.values())
+        self._finish(stopped_by=None)
+
+    # -- stopping on request ------------------------------------------------------------------------------
+
+    def _stop_before(self, task) -> None:
+        """Write the report and end the run before this task starts on any host."""
+        self._finish(stopped_by=f"stopped on request before task {task.get_name()!r}")
+        raise KeyboardInterrupt
+
+    # -- reporting ----------------------------------------------------------------------------------------
+
+    def _active(self) -> bool:
+        return bool(self._report_path or self._report_dir)
+
+    def _serve_hosts(self) -> list[str]:
+        patterns = self._serve_patterns or [p for p in self._other_patterns if p not in ("localhost", "127.0.0.1")]
+        names: list[str] = []
+        for pattern in patterns:
+            hosts = self._inventory.get_hosts(pattern, ignore_restrictions=True) if self._inventory else []
+            names += [h.get_name() for h in hosts if h.get_name() not in names]
+        names += [n for n, e in self._hosts.items() if e.reached and n not in names]
+        return names
+
+    def build_report(self, stopped_by: str | None) -> dict:
+        rows = [self._row(self._host(name), stopped_by) for name in self._serve_hosts()]
+        finished = all(row["outcome"] in ("ready", "degraded", "restored") for row in rows)
+        complete = not stopped_by and not self._run_failed and finished
+        asked = self._asked_profile or next((row["asked_profile"] for row in rows if row["asked_profile"]), None)
+        ended = self._clock()
+        return {
+            "playbook": self._playbook,
+            "asked_profile": asked,
+            "started": _iso(self._started),
+            "ended": _iso(ended),
+            "seconds": round(ended - self._started, 1) if self._started else None,
+            "result": "complete" if complete else "stopped",
+            "stopped_by": stopped_by,
+            "hosts": rows,
+        }
+
+    def _row(self, entry: _Host, stopped_by: str | None) -> dict:
+        outcome = entry.outcome or {}
+        if not entry.reached:
+            state = "untouched"
+        elif entry.unreachable:
+            state = "unreachable"
+        elif outcome.get("outcome") in _FINAL and (outcome["outcome"] != "ready" or not entry.failed):
+            state = outcome["outcome"]
+        elif entry.failed:
+            state = "failed"
+        else:
+            state = "stopped"
+        serving = outcome.get("serving_profile") or (entry.serving_before if not entry.reached else None)
+        return {
+            "host": entry.name,
+            "asked_profile": outcome.get("asked_profile") or entry.asked or self._asked_profile,
+            "serving_profile": serving,
+            "outcome": state,
+            "ooms": int(outcome.get("ooms") or 0),
+            "seconds": round(entry.end - entry.start, 1) if entry.reached and entry.start and entry.end else None,
+            "started": _iso(entry.start) if entry.reached else None,
+            "ended": _iso(entry.end) if entry.reached else None,
+            "message": entry.message or (stopped_by or "" if state == "stopped" else ""),
+        }
+
+    def _finish(self, stopped_by: str | None) -> None:
+        if self._written or not self._active():
+            return
+        self._written = True
+        report = self.build_report(stopped_by)
+        if self._report_path:
+            base = Path(self._report_path)
+        else:
+            stamp = datetime.fromtimestamp(self._started or self._clock(), UTC).strftime("%Y%m%dT%H%M%SZ")
+            base = Path(self._report_dir or "reports") / f"rollout-{stamp}"
+        json_path, md_path = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+        try:
+            base.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            md_path.write_text(render_markdown(report), encoding="utf-8")
+        except OSError as exc:
+            self._display.warning(f"moefleet_report: cannot write the report under {base.parent}: {exc.strerror}.")
+            return
+        self.report_files = (json_path, md_path)
+        self._display.display(render_text(report))
+        self._display.display(f"Report: {json_path.resolve()} and {md_path.name}")
+
+
+_COLUMNS = (
+    ("host", "host"),
+    ("asked", "asked_profile"),
+    ("serving", "serving_profile"),
+    ("outcome", "outcome"),
+    ("OOMs", "ooms"),
+    ("seconds", "seconds"),
+)
+_OUTCOME_NOTES = {"untouched": "untouched (never reached: later batch)"}
+
+
+def _cells(row: dict) -> list[str]:
+    cells = []
+    for _, key in _COLUMNS:
+        value = row.get(key)
+        if key == "outcome":
+            value = _OUTCOME_NOTES.get(value, value)
+        cells.append("-" if value is None or value == "" else str(value))
+    return cells
+
+
+def _headline(report: dict) -> str:
+    hosts = report["hosts"]
+    done = sum(1 for row in hosts if row["outcome"] == "ready")
+    line = (
+        f"Rollout of {report['asked_profile'] or 'each host profile'}: {report['result']}, "
+        f"{done}/{len(hosts)} host(s) serve the asked profile, {report['seconds']} s."
+    )
+    return line + (f" ({report['stopped_by']})" if report.get("stopped_by") else "")
+
+
+def render_text(report: dict) -> str:
+    """The summary table for a terminal."""
+    header = [title for title, _ in _COLUMNS]
+    body = [_cells(row) for row in report["hosts"]]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+
+    def fmt(line: list[str]) -> str:
+        cells = (c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+        return "  ".join(cells).rstrip()
+
+    lines = [_headline(report), fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in body)]
+    lines += [f"{row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict) -> str:
+    header = [title for title, _ in _COLUMNS]
+    lines = [
+        f"# Rollout report: {report['asked_profile'] or 'each host profile'}",
+        "",
+        f"- Result: **{report['result']}**" + (f" ({report['stopped_by']})" if report.get("stopped_by") else ""),
+        f"- Started: {report['started']}; ended: {report['ended']} ({report['seconds']} s)",
+        f"- Playbook: {report['playbook']}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] * 4 + ["---:"] * 2) + "|",
+    ]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in report["hosts"]]
+    notes = [f"- {row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
+    if notes:
+        lines += ["", "## Notes", "", *notes]
+    return "\n".join(lines) + "\n"
