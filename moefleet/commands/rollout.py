@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shlex
@@ -137,7 +138,8 @@ class Progress:
     def finished(self, host: str, result: dict[str, Any]) -> None:
         message = result.get("msg")
         if isinstance(message, str) and message.startswith("ROLLBACK"):
-            self.change(host, "rolled back", message.removeprefix("ROLLBACK").strip(" :"), force=True)
+            reason = message.removeprefix("ROLLBACK").strip()
+            self.change(host, "rolled back", reason.removeprefix(f"{host}:").strip(), force=True)
         outcome = (result.get("ansible_facts") or {}).get("sglang_service_outcome")
         if isinstance(outcome, dict) and outcome.get("outcome") == "ready":
             self.change(host, "ready", f"serving {outcome.get('serving_profile')}")
@@ -201,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED if outcome.interrupted else EXIT_NOT_DONE
-    print()
-    print(base.with_name(base.name + ".md").read_text(encoding="utf-8").rstrip())
+    with contextlib.suppress(OSError):
+        print("\n" + base.with_name(base.name + ".md").read_text(encoding="utf-8").rstrip())
     print(f"\nReport: {base}.json and {base.name}.md")
     return EXIT_INTERRUPTED if outcome.interrupted else exit_code(report)

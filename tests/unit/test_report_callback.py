@@ -1,0 +1,357 @@
+"""The moefleet_report callback fed with synthetic events, in the order a rollout sends them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ROOT / "plugins" / "callback" / "moefleet_report.py"
+
+
+def load_plugin():
+    spec = importlib.util.spec_from_file_location("moefleet_report_under_test", PLUGIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+plugin = load_plugin()
+
+
+class Display:
+    verbosity = 0
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def display(self, msg: str, *args, **kwargs) -> None:
+        self.lines.append(msg)
+
+    def warning(self, msg: str, *args, **kwargs) -> None:
+        self.lines.append("WARNING " + msg)
+
+
+class Clock:
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Host:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_name(self) -> str:
+        return self.name
+
+
+class Inventory:
+    def __init__(self, groups: dict[str, list[str]]) -> None:
+        self.groups = groups
+
+    def get_hosts(self, pattern, ignore_restrictions=False):
+        return [Host(n) for n in self.groups.get(pattern, [pattern])]
+
+
+class Play:
+    def __init__(self, hosts: str, inventory: Inventory, extra: dict, play_vars: dict | None = None) -> None:
+        self.hosts = hosts
+        self._manager = SimpleNamespace(extra_vars=extra, _inventory=inventory)
+        self._vars = play_vars or {}
+
+    def get_variable_manager(self):
+        return self._manager
+
+    def get_vars(self):
+        return dict(self._vars)
+
+
+class Role:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_name(self) -> str:
+        return self.name
+
+
+_uuid = iter(range(1, 10_000))
+
+
+class Task:
+    def __init__(self, name: str, role: str | None = None, action: str = "debug", parent=None) -> None:
+        self.name = name
+        self._role = Role(role) if role else None
+        self.action = action
+        self._parent = parent
+        self._uuid = str(next(_uuid))
+
+    def get_name(self) -> str:
+        return self.name
+
+
+class Block:
+    """A block with a rescue section around the given tasks."""
+
+    def __init__(self, tasks: list[Task]) -> None:
+        self.block = tasks
+        self.rescue = [Task("rescue")]
+        self._parent = None
+        for task in tasks:
+            task._parent = self
+
+
+def result(host: str, task: Task, data: dict) -> SimpleNamespace:
+    return SimpleNamespace(host=Host(host), task=task, _result=data)
+
+
+HOSTS = ["lab-1", "lab-2", "lab-3"]
+OUTCOME_TASK = Task("Summarize this run", role="sglang_service", action="ansible.builtin.set_fact")
+FAIL_TASK = Task("Fail a host that does not serve the asked profile", role="sglang_service", action="fail")
+
+
+class Run:
+    """Drives a callback instance the way ansible-playbook does."""
+
+    def __init__(self, extra: dict | None = None, playbook: str = "playbooks/rollout.yml", stop_file=None):
+        self.cb = plugin.CallbackModule(display=Display())
+        self.clock = Clock()
+        self.cb._clock = self.clock
+        self.cb._stop_file = str(stop_file) if stop_file else None
+        self.inventory = Inventory({"blackwell": HOSTS})
+        self.extra = {"profile": "ep8", **(extra or {})}
+        self.cb.v2_playbook_on_start(SimpleNamespace(_file_name=playbook))
+
+    def play(self, pattern: str, play_vars: dict | None = None) -> None:
+        self.cb.v2_playbook_on_play_start(Play(pattern, self.inventory, self.extra, play_vars))
+
+    def task(self, task: Task, hosts: list[str], data: dict | None = None, status: str = "ok") -> None:
+        self.cb.v2_playbook_on_task_start(task, False)
+        for host in hosts:
+            self.cb.v2_runner_on_start(Host(host), task)
+        self.clock.tick(5)
+        for host in hosts:
+            res = result(host, task, dict(data or {}))
+            {
+                "ok": self.cb.v2_runner_on_ok,
+                "failed": self.cb.v2_runner_on_failed,
+                "unreachable": self.cb.v2_runner_on_unreachable,
+                "skipped": self.cb.v2_runner_on_skipped,
+            }[status](res)
+
+    def validate_and_confirm(self, serving: dict[str, str]) -> None:
+        self.play("localhost")
+        resolved = {h: {"name": "ep8"} for h in HOSTS}
+        self.task(Task("Validate the catalog", action="moefleet_profile"), ["localhost"], {"hosts": resolved})
+        self.play("blackwell")
+        for host in HOSTS:
+            facts = {"ansible_local": {"moefleet": {"serving_profile": serving[host]}}} if host in serving else {}
+            self.task(Task("Read what each host serves", action="setup"), [host], {"ansible_facts": facts})
+
+    def serve_batch(self, hosts: list[str], outcomes: dict[str, dict]) -> None:
+        self.play("blackwell")
+        self.task(Task("Gathering Facts", action="gather_facts"), hosts, {"ansible_facts": {}})
+        self.task(Task("Install the driver", role="nvidia_driver"), hosts)
+        for host in hosts:
+            if host in outcomes:
+                self.task(OUTCOME_TASK, [host], {"ansible_facts": {"sglang_service_outcome": outcomes[host]}})
+
+    def stats(self, failures: dict | None = None, dark: dict | None = None) -> None:
+        self.cb.v2_playbook_on_stats(SimpleNamespace(failures=failures or {}, dark=dark or {}))
+
+
+def ready(profile: str = "ep8") -> dict:
+    return {"asked_profile": profile, "serving_profile": profile, "outcome": "ready", "ooms": 0, "attempts": 1}
+
+
+def read(base: Path) -> dict:
+    return json.loads(base.with_name(base.name + ".json").read_text())
+
+
+def test_complete_rollout_writes_json_and_markdown_at_the_given_path(tmp_path):
+    base = tmp_path / "out" / "r1"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({})
+    run.serve_batch(["lab-1"], {"lab-1": ready()})
+    run.serve_batch(["lab-2"], {"lab-2": ready()})
+    run.serve_batch(["lab-3"], {"lab-3": ready()})
+    run.stats()
+
+    report = read(base)
+    assert report["result"] == "complete"
+    assert report["asked_profile"] == "ep8"
+    assert [(h["host"], h["outcome"], h["serving_profile"], h["ooms"]) for h in report["hosts"]] == [
+        ("lab-1", "ready", "ep8", 0),
+        ("lab-2", "ready", "ep8", 0),
+        ("lab-3", "ready", "ep8", 0),
+    ]
+    # Each host: gather facts, one install task, the outcome (5 s each); the confirmation play does not count.
+    assert [h["seconds"] for h in report["hosts"]] == [15.0, 15.0, 15.0]
+    markdown = (tmp_path / "out" / "r1.md").read_text()
+    assert "| lab-2 | ep8 | ep8 | ready | 0 | 15.0 |" in markdown
+    assert "**complete**" in markdown
+    shown = "\n".join(run.cb._display.lines)
+    assert "complete, 3/3 host(s)" in shown and str(base) + ".json" in shown
+
+
+def test_failed_canary_stops_and_later_hosts_are_untouched_on_their_old_profile(tmp_path):
+    base = tmp_path / "r2"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({"lab-1": "tp8", "lab-2": "tp8", "lab-3": "tp8"})
+    restored = {"asked_profile": "ep8", "serving_profile": "tp8", "outcome": "restored", "ooms": 1, "attempts": 2}
+    run.serve_batch(["lab-1"], {"lab-1": restored})
+    run.task(FAIL_TASK, ["lab-1"], {"msg": "lab-1 does not serve ep8:\n outcome restored"}, status="failed")
+    run.stats(failures={"lab-1": 1})
+
+    report = read(base)
+    assert report["result"] == "stopped"
+    rows = {h["host"]: h for h in report["hosts"]}
+    assert rows["lab-1"]["outcome"] == "restored"
+    assert rows["lab-1"]["serving_profile"] == "tp8"
+    assert rows["lab-1"]["ooms"] == 1
+    assert rows["lab-1"]["message"] == "lab-1 does not serve ep8: outcome restored"
+    for host in ("lab-2", "lab-3"):
+        assert rows[host]["outcome"] == "untouched"
+        assert rows[host]["serving_profile"] == "tp8"
+        assert rows[host]["asked_profile"] == "ep8"
+        assert rows[host]["seconds"] is None
+    assert "untouched (never reached: later batch)" in (tmp_path / "r2.md").read_text()
+
+
+def test_a_rescued_failure_is_not_the_host_failing(tmp_path):
+    base = tmp_path / "r3"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({})
+    run.serve_batch(["lab-1"], {})
+    wait = Task("Wait until SGLang serves the profile", role="sglang_service", action="sglang_readiness")
+    Block([wait])
+    run.task(wait, ["lab-1"], {"msg": "oom"}, status="failed")
+    degraded = {"asked_profile": "ep8", "serving_profile": "tp2ep4", "outcome": "degraded", "ooms": 1}
+    run.task(OUTCOME_TASK, ["lab-1"], {"ansible_facts": {"sglang_service_outcome": degraded}})
+    assert not run.cb._hosts["lab-1"].failed
+    run.serve_batch(["lab-2", "lab-3"], {"lab-2": ready(), "lab-3": ready()})
+    run.stats()
+
+    report = read(base)
+    assert report["result"] == "complete"
+    assert [h["outcome"] for h in report["hosts"]] == ["degraded", "ready", "ready"]
+
+
+def test_ready_host_that_fails_the_health_gate_is_failed_and_bystanders_are_stopped(tmp_path):
+    base = tmp_path / "r4"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({})
+    run.serve_batch(["lab-1"], {"lab-1": ready()})
+    run.serve_batch(["lab-2", "lab-3"], {"lab-2": ready()})
+    gate = Task("Check that every host done so far still serves", action="uri")
+    run.task(gate, ["lab-2"], {"msg": "Status code was -1"}, status="failed")
+    run.stats(failures={"lab-2": 1})
+
+    rows = {h["host"]: h["outcome"] for h in read(base)["hosts"]}
+    assert rows == {"lab-1": "ready", "lab-2": "failed", "lab-3": "stopped"}
+
+
+def test_unreachable_host(tmp_path):
+    base = tmp_path / "r5"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({})
+    run.play("blackwell")
+    run.task(Task("Gathering Facts", action="gather_facts"), ["lab-1"], {"msg": "ssh: connect refused"}, "unreachable")
+    run.stats(dark={"lab-1": 1})
+
+    report = read(base)
+    rows = {h["host"]: h for h in report["hosts"]}
+    assert rows["lab-1"]["outcome"] == "unreachable"
+    assert rows["lab-1"]["message"] == "ssh: connect refused"
+    assert rows["lab-2"]["outcome"] == rows["lab-3"]["outcome"] == "untouched"
+    assert report["result"] == "stopped"
+
+
+def test_validation_failure_reports_a_stopped_run_with_untouched_hosts(tmp_path):
+    base = tmp_path / "r6"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.play("localhost")
+    run.task(Task("Validate", action="moefleet_profile"), ["localhost"], {"msg": "unknown profile"}, "failed")
+    run.stats(failures={"localhost": 1})
+    report = read(base)
+    assert report["result"] == "stopped"
+    assert report["hosts"] == []
+
+
+def test_idle_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = Run(playbook="deploy.yml")
+    run.validate_and_confirm({})
+    run.serve_batch(HOSTS, {h: ready() for h in HOSTS})
+    run.stats()
+    assert list(tmp_path.iterdir()) == []
+    assert run.cb._display.lines == []
+
+
+def test_play_var_names_the_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = Run(playbook="deploy.yml")
+    run.validate_and_confirm({})
+    run.play("blackwell", {"moefleet_report_dir": "out/reports"})
+    run.serve_batch(HOSTS, {h: ready() for h in HOSTS})
+    run.stats()
+    files = sorted(p.name for p in (tmp_path / "out" / "reports").iterdir())
+    assert len(files) == 2
+    assert files[0].startswith("rollout-20") and files[0].endswith("Z.json") and files[1].endswith("Z.md")
+
+
+def test_rollout_playbook_writes_under_reports_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = Run(playbook="/repo/playbooks/rollout.yml")
+    run.validate_and_confirm({})
+    run.serve_batch(["lab-1"], {"lab-1": ready()})
+    run.stats(failures={})
+    [json_file] = (tmp_path / "reports").glob("rollout-*.json")
+    assert json.loads(json_file.read_text())["result"] == "stopped"  # lab-2 and lab-3 never reached
+
+
+def test_stop_request_writes_the_report_and_ends_before_the_next_task(tmp_path):
+    base = tmp_path / "r7"
+    stop = tmp_path / "stop"
+    run = Run(extra={"moefleet_report_path": str(base)}, stop_file=stop)
+    run.validate_and_confirm({"lab-2": "tp8"})
+    run.serve_batch(["lab-1"], {"lab-1": ready()})
+    stop.touch()
+    with pytest.raises(KeyboardInterrupt):
+        run.cb.v2_playbook_on_task_start(Task("Check that every host done so far still serves"), False)
+    report = read(base)
+    assert report["result"] == "stopped"
+    assert "stopped on request" in report["stopped_by"]
+    assert [h["outcome"] for h in report["hosts"]] == ["ready", "untouched", "untouched"]
+    run.stats()  # ansible-playbook sends no stats after an interrupt; if it did, nothing is written twice
+    assert read(base)["stopped_by"]
+
+
+def test_render_text_aligns_columns():
+    report = {
+        "asked_profile": "ep8",
+        "result": "stopped",
+        "seconds": 12.0,
+        "stopped_by": None,
+        "hosts": [
+            {"host": "lab-1", "asked_profile": "ep8", "serving_profile": "tp8", "outcome": "restored", "ooms": 1,
+             "seconds": 10.5, "message": "why"},
+            {"host": "lab-22", "asked_profile": "ep8", "serving_profile": None, "outcome": "untouched", "ooms": 0,
+             "seconds": None, "message": ""},
+        ],
+    }
+    lines = plugin.render_text(report).splitlines()
+    assert lines[0] == "Rollout of ep8: stopped, 0/2 host(s) serve the asked profile, 12.0 s."
+    assert lines[1].split() == ["host", "asked", "serving", "outcome", "OOMs", "seconds"]
+    assert lines[3].split() == ["lab-1", "ep8", "tp8", "restored", "1", "10.5"]
+    assert lines[4].startswith("lab-22  ep8    -        untouched (never reached: later batch)")
+    assert lines[-1] == "lab-1: why"
