@@ -93,7 +93,7 @@ def parse_extra_vars(values: list[str]) -> dict[str, Any]:
 class Progress:
     """Turns ansible-runner events into one line per host state change."""
 
-    def __init__(self, out: TextIO = sys.stdout, clock=time.localtime) -> None:
+    def __init__(self, out: TextIO | None = None, clock=time.localtime) -> None:
         self.out = out
         self.clock = clock
         self.states: dict[str, str] = {}
@@ -150,7 +150,7 @@ class Progress:
         self.states[host] = state
         stamp = time.strftime("%H:%M:%S", self.clock())
         line = f"{stamp}  {host:<16} {state}" + (f": {detail}" if detail else "")
-        print(line, file=self.out, flush=True)
+        print(line, file=self.out or sys.stdout, flush=True)
 
 
 def _one_line(text: object) -> str:

@@ -1,0 +1,41 @@
+"""Fixtures for integration tests that run the product's playbooks on the simulated lab."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_PY = ROOT / "sim" / "lab" / "lab.py"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
+    result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, text=True, capture_output=True)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                    f"{result.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def lab_inventory(tmp_path_factory: pytest.TempPathFactory):
+    """A private two-host lab (itest-1, itest-2), fresh for the session: its inventory path."""
+    if not shutil.which("podman") and not shutil.which("apt-get"):
+        pytest.skip("the lab needs podman (sim/lab/lab.py installs it with apt-get)")
+    base = tmp_path_factory.mktemp("lab")
+    # The lab's group_vars find the profile catalog at <inventory dir>/../../profiles, as in inventory/sim/.
+    inventory = base / "inventory" / "itest" / "hosts.yml"
+    (base / "profiles").symlink_to(ROOT / "profiles")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+    _run(sys.executable, LAB_PY, "down", "--name", "itest", "--inventory", inventory)  # leftovers of a killed run
+    _run(sys.executable, LAB_PY, "image")
+    _run(sys.executable, ROOT / "sim" / "mirrors" / "build.py")
+    _run(sys.executable, LAB_PY, "up", "--name", "itest", "--hosts", "2", "--inventory", inventory)
+    _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml", env=env)
+    yield inventory
+    _run(sys.executable, LAB_PY, "down", "--name", "itest", "--inventory", inventory)

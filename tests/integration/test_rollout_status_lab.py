@@ -1,0 +1,78 @@
+"""moefleet rollout and moefleet status on a two-host lab: a clean rollout, then one whose canary runs out of
+memory, which stops before the second host. The tests run in file order: the second starts where the first
+left the lab.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moefleet import cli
+
+pytestmark = pytest.mark.lab
+
+OOM_ON_EP8 = json.dumps({"sim_faults": [{"fault": "oom_weight_load", "profile": "ep8"}]})
+
+
+def moefleet(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    print(captured.out, captured.err)  # shown when a test fails
+    return code, captured.out + captured.err
+
+
+def status_of(capsys, inventory) -> dict[str, dict]:
+    code, out = moefleet(capsys, "status", "-i", str(inventory), "--json")
+    hosts = json.loads(out[out.index("{") : out.rindex("}") + 1])["hosts"]
+    return {h["host"]: h | {"exit": code} for h in hosts}
+
+
+def test_clean_rollout_serves_tp8_everywhere(lab_inventory, tmp_path, capsys):
+    report = tmp_path / "clean"
+    code, out = moefleet(capsys, "rollout", "-i", str(lab_inventory), "-e", "profile=tp8", "--report", str(report))
+    assert code == 0, out
+    for host in ("itest-1", "itest-2"):
+        assert f"{host:<16} installing" in out and f"{host:<16} ready: serving tp8" in out
+
+    data = json.loads(report.with_suffix(".json").read_text())
+    assert data["result"] == "complete"
+    assert {h["host"]: (h["outcome"], h["serving_profile"]) for h in data["hosts"]} == {
+        "itest-1": ("ready", "tp8"),
+        "itest-2": ("ready", "tp8"),
+    }
+    assert report.with_suffix(".md").exists()
+
+    hosts = status_of(capsys, lab_inventory)
+    assert {h: (s["serving_profile"], s["health"], s["server_args"]["tp_size"]) for h, s in hosts.items()} == {
+        "itest-1": ("tp8", "serving", 8),
+        "itest-2": ("tp8", "serving", 8),
+    }
+    assert hosts["itest-1"]["exit"] == 0
+
+
+def test_canary_oom_stops_the_rollout_before_the_second_host(lab_inventory, tmp_path, capsys):
+    report = tmp_path / "oom"
+    code, out = moefleet(
+        capsys, "rollout", "-i", str(lab_inventory), "-e", "profile=ep8", "-e", "confirm=yes",
+        "-e", OOM_ON_EP8, "--report", str(report),
+    )  # fmt: skip
+    assert code == 1, out
+    assert "itest-1          rolled back" in out and "itest-1          failed" in out
+    assert "itest-2          installing" not in out and "itest-2          loading" not in out
+
+    data = json.loads(report.with_suffix(".json").read_text())
+    assert data["result"] == "stopped"
+    rows = {h["host"]: h for h in data["hosts"]}
+    assert rows["itest-1"]["outcome"] in ("degraded", "restored")
+    assert rows["itest-1"]["serving_profile"] not in (None, "ep8")
+    assert rows["itest-1"]["ooms"] >= 1
+    assert rows["itest-2"]["outcome"] == "untouched"
+    assert rows["itest-2"]["serving_profile"] == "tp8"
+
+    hosts = status_of(capsys, lab_inventory)
+    assert hosts["itest-1"]["asked_profile"] == "ep8"
+    assert hosts["itest-1"]["serving_profile"] == rows["itest-1"]["serving_profile"]
+    assert hosts["itest-1"]["last_rollback"]["from"] == "ep8"
+    assert (hosts["itest-2"]["serving_profile"], hosts["itest-2"]["health"]) == ("tp8", "serving")
