@@ -105,6 +105,7 @@ class Progress:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         host = data.get("host") or ""
+        host = CONTROLLER if host == "localhost" else host
         task = (data.get("task") or "").strip()
         role = data.get("role") or ""
         result = data.get("res") if isinstance(data.get("res"), dict) else {}
@@ -132,7 +133,7 @@ class Progress:
             self.change(host, "loading")
         elif task.startswith(ROLLBACK_TASK_PREFIXES):
             self.change(host, "rolled back")
-        elif self.checking_input and host not in self.states and host != "localhost":
+        elif self.checking_input and host not in self.states:
             self.change(host, "validating")
 
     def finished(self, host: str, result: dict[str, Any]) -> None:
