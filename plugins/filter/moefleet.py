@@ -16,10 +16,9 @@ if _MODULE_UTILS not in sys.path:
     sys.path.insert(0, _MODULE_UTILS)
 
 import planner  # noqa: E402
+import rollback  # noqa: E402
 
 import profiles  # noqa: E402
-
-import rollback  # noqa: E402
 
 
 def moefleet_plan(model_config, gpus, gpu_memory_gib, flags, catalog=None):

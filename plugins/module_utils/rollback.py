@@ -76,8 +76,9 @@ def next_step(
         raise RollbackError("The fallback ladder is empty: the requested profile must be its first rung.")
     if not attempts:
         raise RollbackError("No attempt was made yet; start the requested profile first.")
-    current = attempts[-1]
-    outcome = current.get("outcome") or {}
+    last = attempts[-1]
+    outcome = last.get("outcome") or {}
+    current = attempt_only(last)  # a retry of the same layout starts without the failed start's outcome
     state = outcome.get("state")
     phase = outcome.get("phase")
     flags = {**(profile_flags or {}), **(current.get("tuning") or {})}

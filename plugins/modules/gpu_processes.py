@@ -47,7 +47,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 processes:
-  description: Every process holding GPU memory, with pid, process_name, used_memory_mib (summed over GPUs), user, in_unit.
+  description:
+    - Every process holding GPU memory, with pid, process_name, used_memory_mib (summed over GPUs),
+      user, in_unit.
   returned: always
   type: list
 killed:

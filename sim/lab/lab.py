@@ -189,6 +189,7 @@ def write_inventory(path: Path, hosts: dict[str, str]) -> None:
         "all:",
         "  vars:",
         "    ansible_user: root",
+        f"    lab_repo_root: {REPO}",
         f"    ansible_ssh_private_key_file: {SSH_KEY}",
         # Lab hosts get fresh host keys on every creation, at addresses that are reused.
         "    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",

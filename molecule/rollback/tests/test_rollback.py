@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -15,7 +16,7 @@ INVENTORY = os.environ["MOEFLEET_LAB_INVENTORY"]
 
 
 def deploy(*extra_vars: str) -> tuple[int, str, dict]:
-    args = ["ansible-playbook", "-i", INVENTORY, str(ROOT / "deploy.yml")]
+    args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, str(ROOT / "deploy.yml")]
     for value in extra_vars:
         args += ["-e", value]
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
@@ -25,7 +26,7 @@ def deploy(*extra_vars: str) -> tuple[int, str, dict]:
                       run.stdout, re.M)
     keys = ("ok", "changed", "unreachable", "failed")
     stats = dict(zip(keys, map(int, recap.groups()), strict=True)) if recap else {}
-    return run.returncode, run.stdout, stats
+    return run.returncode, run.stdout + run.stderr, stats
 
 
 def faults(*entries: tuple[str, str]) -> str:
@@ -115,9 +116,9 @@ def test_port_in_use_restores_too(host):
 def stale_holder(host, user: str) -> int:
     """Leave an orphaned scheduler of `user` holding 20 GiB on every GPU, outside the unit (as an earlier
     start run by hand or in another cgroup would), and return its PID."""
-    host.check_output(
+    host.check_output(  # its stdio closed, so the SSH session does not wait for the daemon
         f"runuser -u {user} -- /opt/sglang/venv/bin/python -m sglang._sim.stale "
-        "'{\"gpus\": [0, 1, 2, 3, 4, 5, 6, 7], \"mib\": 20480}'")
+        "'{\"gpus\": [0, 1, 2, 3, 4, 5, 6, 7], \"mib\": 20480}' </dev/null >/dev/null 2>&1")
     owned = host.check_output(f"pgrep -u {user} -d ' ' . || true").split()
     apps = host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()
     unit = host.check_output("systemctl show -p ControlGroup --value sglang.service")
