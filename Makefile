@@ -15,12 +15,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup lint test unit molecule demo sim-image sim-mirrors sim-up sim-down bench clean
+.PHONY: help setup lint test unit integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
 
 help:
 	@echo "make demo       set up, start the simulated lab, deploy profile $(PROFILE) on it"
 	@echo "make test       set up, lint, unit + integration tests, every molecule scenario"
-	@echo "make setup | lint | unit | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
+	@echo "make setup | lint | unit | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
 
 setup: $(SETUP_STAMP)
 
@@ -46,6 +46,9 @@ lint: setup
 unit: setup
 	$(BIN)/pytest -q -m "not lab" tests
 
+integration: setup sim-image sim-mirrors
+	$(BIN)/pytest -q -m lab tests
+
 molecule: setup sim-image sim-mirrors
 	@mkdir -p $(LOGS)
 	@for s in $$(ls molecule); do \
@@ -54,7 +57,7 @@ molecule: setup sim-image sim-mirrors
 	  || { echo "molecule scenario $$s failed; last lines of $(LOGS)/molecule-$$s.log:" >&2; \
 	       tail -n 60 $(LOGS)/molecule-$$s.log >&2; exit 1; }; done
 
-test: lint unit molecule
+test: lint unit integration molecule
 
 sim-image: setup
 	$(BIN)/python sim/lab/lab.py image
