@@ -75,8 +75,8 @@ sim-down:
 demo: sim-up
 	$(BIN)/ansible-playbook deploy.yml -e profile=$(PROFILE)
 
-bench: setup
-	$(BIN)/python tests/bench/run.py
+bench: setup sim-image sim-mirrors
+	MOEFLEET_BENCH_ROLLOUT=1 $(BIN)/python tests/bench/run.py
 
 clean: sim-down
 	rm -rf $(VENV) .ansible reports

@@ -8,8 +8,9 @@
     first OOM line it sees; the latency is from that stamp to the module process returning.
     Baseline: a ``uri``-style loop polling ``/health`` once a second until its timeout, started with the
     same simulator; it never sees the OOM and can only say that it gave up.
-(b) ``rollout_bench()``: a hook for timing ``ansible-playbook`` rollouts, not part of this run unless
-    ``MOEFLEET_BENCH_ROLLOUT=1``.
+(b) Rollout wall time on 1, 2, 4 and 8 fresh lab hosts and a no-change rerun on each, and (c) rollback
+    time per fault class on one lab host; both need the lab and run when ``MOEFLEET_BENCH_ROLLOUT=1``
+    (``make bench`` sets it).
 """
 
 from __future__ import annotations
@@ -309,15 +310,65 @@ def report(rows: list[dict]) -> None:
     )
 
 
-def rollout_bench() -> None:
-    """Timing of ansible-playbook rollouts on the lab (fault start to fallback serving, per class).
+def _lab(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "sim" / "lab" / "lab.py"), *args], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    Placeholder: another engineer fills this in; it runs only with MOEFLEET_BENCH_ROLLOUT=1.
-    """
+
+def _playbook(inventory: Path, playbook: str, *extra: str) -> tuple[float, int]:
+    args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook)]
+    for value in extra:
+        args += ["-e", value]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    started = time.monotonic()
+    rc = subprocess.run(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    return time.monotonic() - started, rc
+
+
+def _fresh_lab(inventory: Path, hosts: int) -> None:
+    _lab("down", "--name", "bench", "--inventory", str(inventory))
+    _lab("up", "--name", "bench", "--hosts", str(hosts), "--inventory", str(inventory))
+    _playbook(inventory, "sim/playbooks/prepare.yml")
+
+
+def rollout_bench() -> None:
+    """(b) Rollout wall time on 1, 2, 4 and 8 fresh lab hosts (bare hosts to tp8 serving, canary then
+    batches) and a no-change rerun on each; (c) rollback time per fault class on one host: from the start
+    of a deploy whose asked profile fails to the play's end with the remedy serving."""
     if os.environ.get("MOEFLEET_BENCH_ROLLOUT") != "1":
         print("## (b) rollout bench: not part of this run (set MOEFLEET_BENCH_ROLLOUT=1)")
         return
-    print("## (b) rollout bench: not written yet")
+    inventory = ROOT / ".lab" / "bench" / "hosts.yml"
+    subprocess.run([sys.executable, str(ROOT / "sim" / "mirrors" / "build.py")], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    print("## (b) rollout wall time (playbooks/rollout.yml -e profile=tp8, serial [1, 25%, 100%], forks 16)")
+    print(f"{'hosts':>5}  {'rollout s':>9}  {'s/host':>7}  {'x 1 host':>8}  {'rerun s':>8}  {'x 1 host':>8}  rc")
+    base = None
+    try:
+        for hosts in (1, 2, 4, 8):
+            _fresh_lab(inventory, hosts)
+            cold, rc1 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
+            warm, rc2 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
+            base = base or (cold, warm)
+            print(f"{hosts:>5}  {cold:>9.1f}  {cold / hosts:>7.1f}  {cold / base[0]:>8.2f}  {warm:>8.1f}  "
+                  f"{warm / base[1]:>8.2f}  {rc1},{rc2}", flush=True)
+        print()
+        print("## (c) rollback time per fault class (deploy.yml on one host serving tp2ep4, asked profile fails)")
+        print(f"{'fault':<16} {'asked':<7} {'seconds':>7}  rc  ends on")
+        _fresh_lab(inventory, 1)
+        _playbook(inventory, "deploy.yml", "profile=tp2ep4")
+        for fault, asked in (("oom_weight_load", "tp8"), ("oom_kv_cache", "tp4ep2"), ("oom_cuda_graph", "ep8"),
+                             ("hang", "tp8"), ("crash", "tp4ep2"), ("port_in_use", "ep8")):
+            _playbook(inventory, "deploy.yml", "profile=tp2ep4")  # back to the same start each time
+            faults = json.dumps({"sim_faults": [{"fault": fault, "profile": asked}]})
+            seconds, rc = _playbook(inventory, "deploy.yml", f"profile={asked}", faults)
+            facts = subprocess.run(["ssh", "-F", str(inventory.parent / "ssh_config"), "bench-1",
+                                    "cat /etc/ansible/facts.d/moefleet.fact"], capture_output=True, text=True).stdout
+            ends = json.loads(facts or "{}")
+            print(f"{fault:<16} {asked:<7} {seconds:>7.1f}  {rc:>2}  {ends.get('serving_profile')} "
+                  f"({ends.get('outcome')})", flush=True)
+    finally:
+        _lab("down", "--name", "bench", "--inventory", str(inventory))
 
 
 def main() -> int:

@@ -1,0 +1,90 @@
+"""Rollouts on a four-host lab fleet, through playbooks/rollout.yml; the tests run in file order, each starting
+where the previous one left the fleet (converge rolled tp8 out to every host)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import testinfra
+
+ROOT = Path(__file__).resolve().parents[3]
+INVENTORY = Path(os.environ["MOEFLEET_LAB_INVENTORY"])
+HOSTS = [f"fleet-{i}" for i in range(1, 5)]
+FAULTY = INVENTORY.parent / "host_vars" / "fleet-3.yml"
+
+
+def rollout(report: Path, *extra_vars: str) -> tuple[int, str]:
+    args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY),
+            str(ROOT / "playbooks" / "rollout.yml"), "-e", f"moefleet_report_path={report}"]
+    for value in extra_vars:
+        args += ["-e", value]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    return run.returncode, run.stdout + run.stderr
+
+
+def host(name: str):
+    return testinfra.get_host(f"ssh://{name}", ssh_config=str(INVENTORY.parent / "ssh_config"))
+
+
+def serving(name: str) -> tuple[str, int, str]:
+    """(profile in the local facts, --ep-size the server reports, the unit's invocation)."""
+    h = host(name)
+    facts = json.loads(h.file("/etc/ansible/facts.d/moefleet.fact").content_string)
+    info = json.loads(h.check_output("curl -sf http://127.0.0.1:30000/server_info"))
+    return facts["serving_profile"], info["ep_size"], h.check_output("systemctl show -p InvocationID --value sglang")
+
+
+def rows(report: Path) -> dict[str, dict]:
+    data = json.loads(report.with_suffix(".json").read_text())
+    return {row["host"]: row for row in data["hosts"]} | {"_result": data["result"]}
+
+
+def test_changing_a_serving_fleet_needs_confirmation(tmp_path):
+    before = {name: serving(name) for name in HOSTS}
+    code, out = rollout(tmp_path / "unconfirmed", "profile=ep8")
+    assert code != 0
+    assert "-e confirm=yes" in out
+    assert {name: serving(name) for name in HOSTS} == before
+
+
+def test_clean_rollout_of_ep8_from_tp8(tmp_path):
+    code, out = rollout(tmp_path / "clean", "profile=ep8", "confirm=yes")
+    assert code == 0, out[-4000:]
+    report = rows(tmp_path / "clean")
+    assert report["_result"] == "complete"
+    for name in HOSTS:
+        assert (report[name]["outcome"], report[name]["serving_profile"]) == ("ready", "ep8")
+        assert serving(name)[:2] == ("ep8", 8)
+
+
+def test_oom_on_host3_stops_the_rollout_after_its_batch(tmp_path):
+    FAULTY.parent.mkdir(exist_ok=True)
+    FAULTY.write_text('---\nsim_faults: [{fault: oom_weight_load, profile: tp4ep2}]\n')
+    untouched_before = serving("fleet-4")
+    code, out = rollout(tmp_path / "faulty", "profile=tp4ep2", "confirm=yes",
+                        json.dumps({"moefleet_serial": [1, 2, "100%"]}))
+    assert code != 0
+    report = rows(tmp_path / "faulty")
+    assert report["_result"] == "stopped"
+    for name in ("fleet-1", "fleet-2"):
+        assert (report[name]["outcome"], report[name]["serving_profile"]) == ("ready", "tp4ep2")
+    assert (report["fleet-3"]["outcome"], report["fleet-3"]["serving_profile"]) == ("degraded", "tp2ep4")
+    assert report["fleet-3"]["ooms"] == 1
+    assert (report["fleet-4"]["outcome"], report["fleet-4"]["serving_profile"]) == ("untouched", "ep8")
+    assert serving("fleet-3")[:2] == ("tp2ep4", 4)
+    assert serving("fleet-4") == untouched_before
+
+
+def test_rerun_without_the_fault_completes(tmp_path):
+    FAULTY.unlink()
+    code, out = rollout(tmp_path / "rerun", "profile=tp4ep2", "confirm=yes",
+                        json.dumps({"moefleet_serial": [1, 2, "100%"]}))
+    assert code == 0, out[-4000:]
+    report = rows(tmp_path / "rerun")
+    assert report["_result"] == "complete"
+    for name in HOSTS:
+        assert report[name]["serving_profile"] == "tp4ep2"
+        assert serving(name)[:2] == ("tp4ep2", 2)
