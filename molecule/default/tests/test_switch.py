@@ -1,0 +1,43 @@
+"""Runs after test_default.py: --check previews a switch to ep8 without changing anything, then the
+switch itself changes the unit and the serving layout."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def deploy(*args: str) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOEFLEET_LAB_INVENTORY"],
+           str(ROOT / "deploy.yml"), *args]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def unit_and_invocation(host) -> tuple[str, str]:
+    return (host.file("/etc/systemd/system/sglang.service").content_string,
+            host.check_output("systemctl show -p InvocationID --value sglang.service"))
+
+
+def test_check_mode_previews_the_switch_and_changes_nothing(host):
+    before = unit_and_invocation(host)
+    run = deploy("-e", "profile=ep8", "--check", "--diff")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "+ExecStart=" in run.stdout and "--ep-size 8" in run.stdout
+    assert unit_and_invocation(host) == before
+
+
+def test_switch_to_ep8_changes_unit_and_serving_layout(host):
+    before_unit, before_invocation = unit_and_invocation(host)
+    run = deploy("-e", "profile=ep8")
+    assert run.returncode == 0, run.stdout[-3000:]
+    unit, invocation = unit_and_invocation(host)
+    assert unit != before_unit and invocation != before_invocation
+    assert "--tp-size 8 --ep-size 8" in unit
+    info = json.loads(host.check_output("curl -sf http://127.0.0.1:30000/server_info"))
+    assert (info["tp_size"], info["ep_size"]) == (8, 8)
+    facts = json.loads(host.file("/etc/ansible/facts.d/moefleet.fact").content_string)
+    assert (facts["asked_profile"], facts["serving_profile"], facts["outcome"]) == ("ep8", "ep8", "ready")
