@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+MINE = {"description": "An operator profile for this test.", "gpus": 8, "nccl": "pcie_p2p", "fallback": None}
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +56,13 @@ def test_extra_profiles_passed_as_a_string_say_how_to_pass_them(inventory):
 
 
 def test_extra_profile_breaking_the_schema_names_its_path(inventory):
-    bad = {"moefleet_extra_profiles": {"mine": {"description": "An operator profile for this test.", "flags": {"tp_size": "eight"}, "gpus": 8,
-                                                "nccl": "pcie_p2p", "fallback": None}}}
+    bad = {"moefleet_extra_profiles": {"mine": {**MINE, "flags": {"tp_size": "eight"}}}}
     out = refused(deploy(inventory, json.dumps(bad), "profile=mine"))
     assert "profiles/mine/flags/tp_size" in out
 
 
 def test_extra_profile_breaking_tp_ep_invariant_is_refused(inventory):
-    bad = {"moefleet_extra_profiles": {"mine": {"description": "An operator profile for this test.", "flags": {"tp_size": 8, "ep_size": 3},
-                                                "gpus": 8, "nccl": "pcie_p2p", "fallback": None}}}
+    bad = {"moefleet_extra_profiles": {"mine": {**MINE, "flags": {"tp_size": 8, "ep_size": 3}}}}
     out = refused(deploy(inventory, json.dumps(bad), "profile=mine"))
     assert "profiles/mine/flags: --ep-size 3 does not divide --tp-size 8" in out
 
