@@ -32,25 +32,12 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = ROOT / "plugins" / "modules" / "sglang_readiness.py"
-CLASSIFIER = ROOT / "plugins" / "module_utils" / "sglang_log.py"
+sys.path.insert(0, str(ROOT / "tests"))
+from readiness_module import module_command  # noqa: E402
+
 SIM_SGLANG = ROOT / "sim" / "sglang"
 MAKE_MODEL_DIR = ROOT / "sim" / "model" / "make_model_dir.py"
 
-# What Ansible's module_utils loader does in a real run (as in tests/unit/test_sglang_readiness.py):
-# make the classifier importable as ansible.module_utils.sglang_log, then run the module as __main__
-# with the args file as argv[1].
-BOOT = """
-import importlib.util, runpy, sys
-import ansible.module_utils
-spec = importlib.util.spec_from_file_location("ansible.module_utils.sglang_log", sys.argv[2])
-mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mod
-spec.loader.exec_module(mod)
-ansible.module_utils.sglang_log = mod
-sys.argv = [sys.argv[3], sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 SIM_FLAGS = ["--tp-size", "8", "--ep-size", "4"]  # tp2ep4, the demo's profile
 SIM_TIME_SCALE = "0.05"
@@ -185,7 +172,7 @@ def one_oom_run(work: Path, model: Path, spec: Path) -> dict:
         )
     )
     module = subprocess.Popen(
-        [sys.executable, "-c", BOOT, str(args), str(CLASSIFIER), str(MODULE)],
+        module_command(args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -9,32 +9,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from readiness_module import module_command
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = ROOT / "plugins" / "modules" / "sglang_readiness.py"
-CLASSIFIER = ROOT / "plugins" / "module_utils" / "sglang_log.py"
 LOGS = ROOT / "tests" / "data" / "sglang-logs"
 
-# What Ansible's module_utils loader does for us in a real run: make the classifier importable as
-# ansible.module_utils.sglang_log, then run the module as __main__ with the args file as argv[1].
-BOOT = """
-import importlib.util, runpy, sys
-import ansible.module_utils
-spec = importlib.util.spec_from_file_location("ansible.module_utils.sglang_log", sys.argv[2])
-mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mod
-spec.loader.exec_module(mod)
-ansible.module_utils.sglang_log = mod
-sys.argv = [sys.argv[3], sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 OOM_LOG = "14-oom_weight_load-gemma3-12b-4070tisuper-create-weights.log"
 RUNTIME_OOM_LOG = "24-oom_runtime-llama4-scout-h100-tp8-400k-prefill-embedding.log"
@@ -100,7 +85,7 @@ def start_module(tmp_path: Path, args: dict, check_mode: bool = False) -> subpro
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check_mode}}))
     return subprocess.Popen(
-        [sys.executable, "-c", BOOT, str(args_file), str(CLASSIFIER), str(MODULE)],
+        module_command(args_file),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
