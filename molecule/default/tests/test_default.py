@@ -5,6 +5,8 @@ import json
 import pytest
 
 UNIT = "sglang.service"
+API_KEY = "molecule-test-key-7f3a"  # set by converge.yml
+AUTH = f"-H 'Authorization: Bearer {API_KEY}'"
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +49,7 @@ def test_listens_on_loopback_only(host):
 
 
 def test_v1_models_names_the_served_model(host):
-    out = host.check_output("curl -sf http://127.0.0.1:30000/v1/models")
+    out = host.check_output(f"curl -sf {AUTH} http://127.0.0.1:30000/v1/models")
     assert [m["id"] for m in json.loads(out)["data"]] == ["kimi-k2.6"]
 
 
@@ -56,3 +58,17 @@ def test_server_memory_on_all_eight_gpus(host):
     assert len(used) == 8
     # Weights alone are tens of GiB per GPU for K2.6 under tp2ep4.
     assert all(int(mib) > 60 * 1024 for mib in used), used
+
+
+def test_api_key_is_required(host):
+    code = host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/v1/models")
+    assert code == "401"
+
+
+def test_api_key_stays_out_of_journal_unit_and_command_lines(host):
+    assert API_KEY not in host.run(f"journalctl -u {UNIT} --no-pager").stdout
+    assert "[REDACTED]" in host.run(f"journalctl -u {UNIT} --no-pager | grep server_args=").stdout
+    assert API_KEY not in host.file("/etc/systemd/system/sglang.service").content_string
+    assert API_KEY not in host.check_output("ps -eo args")
+    credential = host.file("/etc/sglang/credentials/sglang-secrets.yaml")
+    assert (credential.user, credential.group, credential.mode) == ("root", "root", 0o600)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+KEY = "sglang_service_api_key=molecule-test-key-7f3a"  # as converge.yml set it
 
 
 def deploy(*args: str) -> subprocess.CompletedProcess:
@@ -24,7 +25,7 @@ def unit_and_invocation(host) -> tuple[str, str]:
 
 def test_check_mode_previews_the_switch_and_changes_nothing(host):
     before = unit_and_invocation(host)
-    run = deploy("-e", "profile=ep8", "--check", "--diff")
+    run = deploy("-e", "profile=ep8", "-e", KEY, "--check", "--diff")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "+ExecStart=" in run.stdout and "--ep-size 8" in run.stdout
     assert unit_and_invocation(host) == before
@@ -32,12 +33,13 @@ def test_check_mode_previews_the_switch_and_changes_nothing(host):
 
 def test_switch_to_ep8_changes_unit_and_serving_layout(host):
     before_unit, before_invocation = unit_and_invocation(host)
-    run = deploy("-e", "profile=ep8")
+    run = deploy("-e", "profile=ep8", "-e", KEY)
     assert run.returncode == 0, run.stdout[-3000:]
     unit, invocation = unit_and_invocation(host)
     assert unit != before_unit and invocation != before_invocation
     assert "--tp-size 8 --ep-size 8" in unit
-    info = json.loads(host.check_output("curl -sf http://127.0.0.1:30000/server_info"))
+    key = KEY.split("=", 1)[1]
+    info = json.loads(host.check_output(f"curl -sf -H 'Authorization: Bearer {key}' http://127.0.0.1:30000/server_info"))
     assert (info["tp_size"], info["ep_size"]) == (8, 8)
     facts = json.loads(host.file("/etc/ansible/facts.d/moefleet.fact").content_string)
     assert (facts["asked_profile"], facts["serving_profile"], facts["outcome"]) == ("ep8", "ep8", "ready")
