@@ -110,7 +110,12 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    smi = module.get_bin_path("nvidia-smi", required=True)
+    smi = module.get_bin_path("nvidia-smi")
+    if not smi:
+        if module.check_mode:  # a bare host in check mode: the driver would be installed by this run
+            module.exit_json(changed=False, processes=[], killed=[], foreign=[],
+                             msg="nvidia-smi is not installed yet; nothing holds GPU memory.")
+        module.fail_json(msg="nvidia-smi is not installed: install the NVIDIA driver (role nvidia_driver) first.")
     rc, out, err = module.run_command(
         [smi, "--query-compute-apps=" + ",".join(COMPUTE_APPS_FIELDS), "--format=csv,noheader,nounits"],
         environ_update={"LC_ALL": "C"},
