@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = build_plan(args, cfg, spec, dict(os.environ), faults, visible, exclude_pids=set())
 
     def on_sigquit(*_):
-        if _DYING.is_set():
+        if _DYING.is_set():  # the first caller logs and kills the tree
             return
         _DYING.set()
         fails = [e[0] for rp in plan.ranks for e in rp.events if e[1] == "fail"]
@@ -143,6 +144,11 @@ def main(argv: list[str] | None = None) -> None:
     os.close(ready_w)
     got = 0
     while got < len(CHILDREN):  # every rank process is up before the simulated clock starts
+        if not select.select([ready_r], [], [], 0.2)[0]:
+            if any(p.poll() is not None for p in CHILDREN) and not _DYING.is_set():
+                time.sleep(0.5)  # a rank died before it was up: its SIGQUIT is on the way
+                on_sigquit()
+            continue
         chunk = os.read(ready_r, 64)
         if not chunk:
             break
