@@ -14,7 +14,7 @@ KEY = "sglang_service_api_key=molecule-test-key-7f3a"  # as converge.yml set it
 def deploy(*args: str) -> subprocess.CompletedProcess:
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOEFLEET_LAB_INVENTORY"],
            str(ROOT / "deploy.yml"), *args]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
 
 

@@ -20,7 +20,7 @@ def rollout(report: Path, *extra_vars: str) -> tuple[int, str]:
             str(ROOT / "playbooks" / "rollout.yml"), "-e", f"moefleet_report_path={report}"]
     for value in extra_vars:
         args += ["-e", value]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
     return run.returncode, run.stdout + run.stderr
 

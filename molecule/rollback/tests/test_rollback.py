@@ -19,14 +19,15 @@ def deploy(*extra_vars: str) -> tuple[int, str, dict]:
     args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, str(ROOT / "deploy.yml")]
     for value in extra_vars:
         args += ["-e", value]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    stdout = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)  # molecule's environment forces colour
     # The lab host's recap line (not localhost's, which validates on the controller).
     recap = re.search(r"^(?!localhost)\S+\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
-                      run.stdout, re.M)
+                      stdout, re.M)
     keys = ("ok", "changed", "unreachable", "failed")
     stats = dict(zip(keys, map(int, recap.groups()), strict=True)) if recap else {}
-    return run.returncode, run.stdout + run.stderr, stats
+    return run.returncode, stdout + run.stderr, stats
 
 
 def faults(*entries: tuple[str, str]) -> str:
