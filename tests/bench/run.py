@@ -332,7 +332,7 @@ def rollout_bench() -> None:
     print(f"{'hosts':>5}  {'rollout s':>9}  {'s/host':>7}  {'x 1 host':>8}  {'rerun s':>8}  {'x 1 host':>8}  rc")
     base = None
     try:
-        for hosts in (1, 2, 4, 8):
+        for hosts in map(int, os.environ.get("MOEFLEET_BENCH_HOSTS", "1 2 4 8").split()):
             _fresh_lab(inventory, hosts)
             cold, rc1 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
             warm, rc2 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
