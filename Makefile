@@ -51,7 +51,7 @@ integration: setup sim-image sim-mirrors
 
 molecule: setup sim-image sim-mirrors
 	@mkdir -p $(LOGS)
-	@for s in $$(ls molecule); do \
+	@for f in molecule/*/molecule.yml; do s=$$(basename $$(dirname $$f)); \
 	  echo "molecule: scenario $$s (log: $(LOGS)/molecule-$$s.log)"; \
 	  $(BIN)/molecule test -s $$s > $(LOGS)/molecule-$$s.log 2>&1 \
 	  || { echo "molecule scenario $$s failed; last lines of $(LOGS)/molecule-$$s.log:" >&2; \
