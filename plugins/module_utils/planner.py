@@ -440,6 +440,25 @@ def routed_expert_bytes(shape: ModelShape, moe_tp: int, index: int = 1) -> int:
     return _mlp_bytes(shape, shape.moe_intermediate // moe_tp, f"model.layers.{index}.mlp.experts.0")
 
 
+def expert_index_bytes(shape: ModelShape, moe_tp: int, index: int = 1) -> int:
+    """Bytes of the int32 activation-order indices a compressed-tensors (WNA16) fused-MoE layer allocates
+    per local expert on top of the checkpoint's tensors (CompressedTensorsWNA16MoEMethod.create_weights):
+    ``w13_weight_g_idx`` and ``w13_g_idx_sort_indices`` over the hidden size, which moe_tp does not split,
+    and ``w2_weight_g_idx`` and ``w2_g_idx_sort_indices`` over the intermediate shard. With every expert
+    on every GPU (--ep-size 1) they come to about 1.3 GiB per GPU for K2.6."""
+    module = f"model.layers.{index}.mlp.experts.0.gate_proj"
+    if shape.quant.method != "compressed-tensors" or not shape.quant.is_quantized(module):
+        return 0
+    return 2 * (shape.hidden + shape.moe_intermediate // moe_tp) * 4
+
+
+def mla_absorb_bytes(shape: ModelShape, attn_tp: int) -> int:
+    """Bytes of the BF16 copies of kv_b_proj, split per head, that DeepseekV2's post_load_weights keeps for
+    MLA's absorbed matmuls (w_kc, w_vc), in one layer; about 1 GiB per GPU for K2.6 at attn_tp 1."""
+    heads = shape.num_heads // attn_tp
+    return heads * shape.kv_lora_rank * (shape.qk_nope_head_dim + shape.v_head_dim) * 2
+
+
 def stage_weight_bytes(shape: ModelShape, layout: Layout, stage: int) -> dict[str, int]:
     """Weight bytes on one GPU of pipeline stage ``stage``, by component."""
     split = pp_layer_split(shape.num_layers, layout.pp)
@@ -447,9 +466,11 @@ def stage_weight_bytes(shape: ModelShape, layout: Layout, stage: int) -> dict[st
     layers = range(start, start + split[stage])
     attn_tp, tp, moe_tp = layout.attn_tp, layout.tp, layout.moe_tp
     experts_here = shape.n_routed_experts // layout.ep
-    parts = {"attention": 0, "dense_mlp": 0, "shared_experts": 0, "router": 0, "routed_experts": 0}
+    parts = {"attention": 0, "mla_absorb": 0, "dense_mlp": 0, "shared_experts": 0, "router": 0,
+             "routed_experts": 0, "expert_indices": 0}
     for index in layers:
         parts["attention"] += _attention_bytes(shape, attn_tp, index)
+        parts["mla_absorb"] += mla_absorb_bytes(shape, attn_tp)
         if shape.is_moe_layer(index):
             parts["router"] += shape.n_routed_experts * shape.hidden * 2 + shape.n_routed_experts * 4
             if shape.n_shared_experts:
@@ -459,6 +480,7 @@ def stage_weight_bytes(shape: ModelShape, layout: Layout, stage: int) -> dict[st
                     f"model.layers.{index}.mlp.shared_experts",
                 )
             parts["routed_experts"] += experts_here * routed_expert_bytes(shape, moe_tp, index)
+            parts["expert_indices"] += experts_here * expert_index_bytes(shape, moe_tp, index)
         else:
             parts["dense_mlp"] += _mlp_bytes(shape, shape.intermediate // tp, f"model.layers.{index}.mlp")
     vocab_row = shape.hidden * 2

@@ -20,8 +20,6 @@ import contextlib
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from readiness_module import module_command  # noqa: E402
+from simproc import free_port, kill_group  # noqa: E402
 
 SIM_SGLANG = ROOT / "sim" / "sglang"
 MAKE_MODEL_DIR = ROOT / "sim" / "model" / "make_model_dir.py"
@@ -49,27 +48,10 @@ BASELINE_TIMEOUT = 15.0  # the uri loop's give-up time, capped below MODULE_TIME
 BASELINE_DELAY = 1.0  # seconds between the uri loop's tries (`until:` ... `delay: 1`)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def percentile(values: list[float], pct: float) -> float:
     """Nearest-rank percentile: the smallest value with at least pct % of the values at or below it."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-        os.killpg(proc.pid, signal.SIGKILL)
-    if proc.poll() is None:
-        proc.wait(5)
 
 
 class Watcher(threading.Thread):

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from simproc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_SGLANG = ROOT / "sim" / "sglang"
@@ -46,12 +46,6 @@ def lab(tmp_path, monkeypatch):
     lab = Lab(tmp_path, spec, state, model)
     yield lab
     lab.cleanup()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

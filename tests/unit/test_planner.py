@@ -63,6 +63,25 @@ def test_tp8_splits_every_expert_and_holds_the_same_expert_bytes_as_ep8():
     assert tp8 - ep8 == (384 - 48) * MOE_LAYERS * 3 * 8  # only the per-matrix weight_shape differs
 
 
+def test_expert_indices_are_per_local_expert_and_not_split_by_moe_tp():
+    # w13 g_idx + sort indices over hidden (7168), w2's over the expert's intermediate shard; int32.
+    tp8 = plan(K26, GPUS, MEM, {"tp_size": 8}).weights_breakdown["expert_indices"]
+    ep8 = plan(K26, GPUS, MEM, {"tp_size": 8, "ep_size": 8}).weights_breakdown["expert_indices"]
+    assert tp8 == MOE_LAYERS * 384 * 2 * (7168 + 2048 // 8) * 4
+    assert ep8 == MOE_LAYERS * 48 * 2 * (7168 + 2048) * 4
+    assert tp8 / GIB == pytest.approx(1.27, abs=0.01)
+    fp8 = plan(DSV3, GPUS, MEM, {"tp_size": 8}).weights_breakdown["expert_indices"]
+    assert fp8 == 0  # block-FP8 experts carry no activation-order indices
+
+
+def test_mla_absorb_copies_follow_attention_tp():
+    per_head = 512 * (128 + 128) * 2  # w_kc (128 x 512) + w_vc (512 x 128), BF16
+    tp8 = plan(K26, GPUS, MEM, {"tp_size": 8}).weights_breakdown["mla_absorb"]
+    dpa = {"tp_size": 8, "ep_size": 8, "dp_size": 8, "enable_dp_attention": True}
+    assert tp8 == 61 * 8 * per_head
+    assert plan(K26, GPUS, MEM, dpa).weights_breakdown["mla_absorb"] == 61 * 64 * per_head
+
+
 def test_attention_shards_by_attention_tp_and_replicates_the_a_projections():
     bf16 = 2
     replicated = (1536 * 7168 + 576 * 7168 + 1536 + 512 + 2 * 7168) * bf16

@@ -173,3 +173,22 @@ def test_extra_var_of_wrong_type_says_how_to_pass_it():
         "so pass it as JSON: -e '{\"sglang_gpus\": 8}'."
     )
     assert profiles.extra_var_problem("flag", True, int) is not None  # a bool is not a count
+
+
+def test_catalog_descriptions_quote_what_the_planner_computes():
+    """Every "N GiB per GPU" / "at N GiB" / "N GiB KV pool" in a description is the planner's figure for
+    that profile on 8x 94.97 GiB (so a planner change that moves them makes the catalog say so)."""
+    import re
+
+    quoted = 0
+    for name, prof in CATALOG["profiles"].items():
+        result = planner.plan(K26, 8, 94.97, prof["flags"], catalog=CATALOG["profiles"])
+        text = " ".join(prof["description"].split())
+        for value in re.findall(r"([0-9.]+) GiB (?:of weights )?per GPU|at ([0-9.]+) GiB", text):
+            figure = float(value[0] or value[1])
+            assert figure == pytest.approx(result.weights_gib_per_gpu, abs=0.051), (name, text)
+            quoted += 1
+        for value in re.findall(r"([0-9.]+) GiB KV pool", text):
+            assert float(value) == pytest.approx(result.kv_pool_bytes / planner.GIB, abs=0.051), (name, text)
+            quoted += 1
+    assert quoted >= len(CATALOG["profiles"])
