@@ -1,6 +1,7 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
 profiles and decide rollbacks with the very code the CLI runs: moefleet_plan, moefleet_profile_args,
-moefleet_fallback_ladder, moefleet_next_step, moefleet_rollback_summary, moefleet_history, moefleet_attempt."""
+moefleet_fallback_ladder, moefleet_opening_attempt, moefleet_next_step, moefleet_rollback_summary,
+moefleet_history, moefleet_attempt."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def moefleet_fallback_ladder(catalog, name):
         raise AnsibleFilterError(f"moefleet_fallback_ladder: {exc}") from None
 
 
+def moefleet_opening_attempt(previous, profile, fingerprint, nccl_set, catalog, retry=False):
+    """The attempt a run starts with: ``{attempt, kept}`` (kept: the host stays on what it recorded last)."""
+    return rollback.opening_attempt(previous, profile, fingerprint, nccl_set, catalog, bool(retry))
+
+
 def moefleet_next_step(attempts, ladder, catalog, flags=None):
     """What to try after the attempts so far: ``{action: done|start|restore, attempt, reason}``."""
     try:
@@ -77,6 +83,7 @@ class FilterModule:
             "moefleet_plan": moefleet_plan,
             "moefleet_profile_args": moefleet_profile_args,
             "moefleet_fallback_ladder": moefleet_fallback_ladder,
+            "moefleet_opening_attempt": moefleet_opening_attempt,
             "moefleet_next_step": moefleet_next_step,
             "moefleet_rollback_summary": moefleet_rollback_summary,
             "moefleet_history": moefleet_history,

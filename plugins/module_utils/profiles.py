@@ -180,15 +180,6 @@ def sglang_args(profile: Mapping[str, Any]) -> list[str]:
     return args
 
 
-def nccl_env(catalog: Mapping[str, Any], profile: Mapping[str, Any]) -> dict[str, str]:
-    """The environment of the profile's NCCL set."""
-    sets = catalog.get("nccl_sets") or {}
-    name = profile.get("nccl")
-    if name not in sets:
-        raise ProfileError(f"NCCL set {name!r} is not in the catalog; known sets: {', '.join(sets)}.")
-    return {str(k): str(v) for k, v in (sets[name].get("env") or {}).items()}
-
-
 def fallback_ladder(catalog: Mapping[str, Any], name: str) -> list[str]:
     """``name`` followed by each fallback in turn until a profile whose fallback is null."""
     resolve_profile(catalog, name)

@@ -39,6 +39,39 @@ def first_attempt(profile: str, nccl_set: str) -> dict[str, Any]:
     return {"profile": profile, "tuning": {}, "nccl_set": nccl_set}
 
 
+# Outcomes after which a rerun with the same ask and inputs keeps what the host runs instead of starting over.
+KEPT_OUTCOMES = ("ready", "degraded", "restored")
+
+
+def opening_attempt(
+    previous: Mapping[str, Any] | None,
+    profile: str,
+    fingerprint: str,
+    nccl_set: str,
+    catalog: Mapping[str, Any],
+    retry: bool = False,
+) -> dict[str, Any]:
+    """The attempt a run starts with, ``{"attempt": ..., "kept": bool}``.
+
+    ``previous`` is what the host recorded last (its local facts: ``asked_profile``,
+    ``asked_fingerprint``, ``outcome``, ``attempt``). A host that already served, fell back or was
+    restored for this same ask with the same inputs (flags, NCCL set, environment, model: the
+    fingerprint) keeps its attempt, so a rerun with nothing changed does not restart into the same
+    failure. Anything changed, a profile the catalog no longer has, or ``retry`` tries ``profile`` anew.
+    """
+    previous = previous or {}
+    kept_attempt = previous.get("attempt")
+    kept = (
+        not retry
+        and previous.get("asked_profile") == profile
+        and previous.get("asked_fingerprint") == fingerprint
+        and previous.get("outcome") in KEPT_OUTCOMES
+        and isinstance(kept_attempt, Mapping)
+        and kept_attempt.get("profile") in (catalog.get("profiles") or {})
+    )
+    return {"attempt": dict(kept_attempt) if kept else first_attempt(profile, nccl_set), "kept": kept}
+
+
 def _same_layout(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return a.get("profile") == b.get("profile")
 

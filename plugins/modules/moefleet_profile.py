@@ -53,7 +53,7 @@ catalog:
   returned: success
   type: dict
 hosts:
-  description: Per host, the resolved profile with its C(name), C(ladder) (fallbacks in order) and C(nccl_env).
+  description: Per host, the resolved profile (its catalog entry) with its C(name).
   returned: success
   type: dict
 """
@@ -62,9 +62,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.profiles import (
     ProfileError,
     extra_var_problem,
-    fallback_ladder,
     merge_catalog,
-    nccl_env,
     resolve_profile,
     validate_catalog,
 )
@@ -96,8 +94,6 @@ def resolve(params):
             source = "-e profile" if requested is not None else f"sglang_profile of {host}"
             raise ProfileError(f"{source}: {exc}") from None
         profile["name"] = name
-        profile["ladder"] = fallback_ladder(catalog, name)
-        profile["nccl_env"] = nccl_env(catalog, profile)
         hosts[host] = profile
     return catalog, hosts
 

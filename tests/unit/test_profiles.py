@@ -156,16 +156,6 @@ def test_sglang_args_come_from_profile_data_in_order():
     ]
 
 
-def test_nccl_env_of_a_profile():
-    assert profiles.nccl_env(CATALOG, CATALOG["profiles"]["tp8"]) == {
-        "NCCL_IB_DISABLE": "1",
-        "NCCL_P2P_LEVEL": "SYS",
-        "NCCL_ALGO": "Ring",
-    }
-    with pytest.raises(ProfileError, match="known sets"):
-        profiles.nccl_env(CATALOG, {"nccl": "nvlink"})
-
-
 def test_extra_var_of_wrong_type_says_how_to_pass_it():
     assert profiles.extra_var_problem("sglang_gpus", 8, int) is None
     assert profiles.extra_var_problem("sglang_gpus", "8", int) == (

@@ -22,6 +22,7 @@ from moefleet.logic.rollback import (
     first_attempt,
     history_entries,
     next_step,
+    opening_attempt,
     summarize,
 )
 
@@ -360,3 +361,38 @@ def test_history_has_one_entry_per_attempt_with_its_own_time_or_now():
 
 def test_module_constants_the_tests_rely_on():
     assert (rollback.MEM_FRACTION_STEP, rollback.MEM_FRACTION_CAP) == (0.04, 0.93)
+
+
+FELL_BACK = {
+    "asked_profile": "tp2ep4",
+    "asked_fingerprint": "f1",
+    "outcome": "degraded",
+    "attempt": {"profile": "ep8", "tuning": {}, "nccl_set": "pcie_p2p"},
+}
+
+
+def test_opening_attempt_keeps_the_fallback_for_the_same_ask_and_inputs():
+    got = opening_attempt(FELL_BACK, "tp2ep4", "f1", "pcie_p2p", CATALOG)
+    assert got == {"attempt": FELL_BACK["attempt"], "kept": True}
+
+
+@pytest.mark.parametrize(
+    ("change", "retry"),
+    [
+        ({}, True),
+        ({"asked_fingerprint": "f0"}, False),
+        ({"asked_profile": "tp8"}, False),
+        ({"outcome": "failed"}, False),
+        ({"attempt": {"profile": "gone", "tuning": {}, "nccl_set": "pcie_p2p"}}, False),
+        ({"attempt": None}, False),
+    ],
+)
+def test_opening_attempt_starts_over_when_anything_differs(change, retry):
+    previous = {**FELL_BACK, **change}
+    got = opening_attempt(previous, "tp2ep4", "f1", "pcie_p2p", CATALOG, retry=retry)
+    assert got == {"attempt": start("tp2ep4"), "kept": False}
+
+
+def test_opening_attempt_on_a_new_host():
+    assert opening_attempt({}, "ep8", "f1", "pcie_p2p", CATALOG) == {"attempt": start("ep8"), "kept": False}
+    assert opening_attempt(None, "ep8", "f1", "pcie_p2p", CATALOG)["kept"] is False
