@@ -225,13 +225,50 @@ def wait_for_ansible(inventory: Path, names: list[str], timeout: float = 120) ->
         time.sleep(1)
 
 
+def _host_bridges() -> tuple[set[str], set[str]]:
+    """Names of this machine's network interfaces and the IPv4 addresses on them."""
+    names = set(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else set()
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    addrs = {fields[3].split("/")[0] for fields in (line.split() for line in out.splitlines()) if len(fields) > 3}
+    return names, addrs
+
+
+def ensure_network() -> None:
+    """The lab's bridge network, with DNS (hosts find the mirror by name).
+
+    Podman names a new bridge podman1 and gives it 10.89.0.0/24 whatever other podman configurations on
+    the machine use; a second checkout's lab (its own .lab) would then share the first one's bridge and
+    subnet, and its hosts would lose the mirror's name. So each checkout picks a bridge name and subnet
+    from a hash of its .lab path, stepping past any the machine already has, and writes podman's network
+    file itself (podman 4.3 has no --interface-name)."""
+    if podman("network", "exists", NETWORK, check=False).returncode == 0:
+        return
+    names, addrs = _host_bridges()
+    seed = int(hashlib.sha256(str(LAB.resolve()).encode()).hexdigest(), 16)
+    for step in range(200):
+        n = (seed + step) % 200 + 20
+        bridge, gateway = f"mflab{n}", f"10.89.{n}.1"
+        if bridge not in names and gateway not in addrs:
+            break
+    else:
+        raise SystemExit("lab: no free 10.89.N.0/24 subnet for the lab network; remove other labs' networks.")
+    config = {
+        "name": NETWORK, "id": hashlib.sha256(f"{LAB}:{NETWORK}".encode()).hexdigest(), "driver": "bridge",
+        "network_interface": bridge, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "subnets": [{"subnet": f"10.89.{n}.0/24", "gateway": gateway}], "ipv6_enabled": False,
+        "internal": False, "dns_enabled": True, "ipam_options": {"driver": "host-local"},
+    }
+    (LAB / "podman" / "networks" / f"{NETWORK}.json").write_text(json.dumps(config, indent=2) + "\n")
+    podman("network", "exists", NETWORK)
+    log(f"network {NETWORK}: bridge {bridge}, 10.89.{n}.0/24")
+
+
 def up(lab: str, count: int, inventory: Path) -> None:
     if count < 1:
         raise SystemExit("lab: --hosts must be 1 or more; use `make sim-down` to remove the lab")
     tag = build_image()
     ensure_ssh_key()
-    if podman("network", "exists", NETWORK, check=False).returncode != 0:
-        podman("network", "create", NETWORK)
+    ensure_network()
     mirror_url = ensure_mirror(tag)
     existing = lab_containers(lab)
     wanted = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
