@@ -30,7 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 LAB = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab"))
 HERE = Path(__file__).resolve().parent
 PREFIX = "moefleet"
-NETWORK = f"{PREFIX}-net"
+# Podman keeps one netavark run directory per machine (/run/containers/networks: IP allocations and
+# aardvark-dns records, keyed by network name) whatever configuration a checkout uses, so each checkout's
+# lab network has a name of its own; otherwise two checkouts' hosts and mirrors share DNS records.
+LAB_ID = hashlib.sha256(str(LAB.resolve()).encode()).hexdigest()
+NETWORK = f"{PREFIX}-net-{LAB_ID[:8]}"
 MIRROR = f"{PREFIX}-mirror"
 MIRROR_PORT = 8080
 INVENTORY = REPO / "inventory" / "sim" / "hosts.yml"
@@ -233,18 +237,29 @@ def _host_bridges() -> tuple[set[str], set[str]]:
     return names, addrs
 
 
+def _lab_networks() -> list[str]:
+    out = podman("network", "ls", "--format", "{{.Name}}").stdout
+    return [n for n in out.split() if n.startswith(f"{PREFIX}-net")]
+
+
 def ensure_network() -> None:
     """The lab's bridge network, with DNS (hosts find the mirror by name).
 
     Podman names a new bridge podman1 and gives it 10.89.0.0/24 whatever other podman configurations on
     the machine use; a second checkout's lab (its own .lab) would then share the first one's bridge and
-    subnet, and its hosts would lose the mirror's name. So each checkout picks a bridge name and subnet
-    from a hash of its .lab path, stepping past any the machine already has, and writes podman's network
-    file itself (podman 4.3 has no --interface-name)."""
+    subnet. So each checkout picks a bridge name and subnet from a hash of its .lab path, stepping past
+    any the machine already has, and writes podman's network file itself (podman 4.3 has no
+    --interface-name). Networks of an older naming are removed with the containers on them."""
     if podman("network", "exists", NETWORK, check=False).returncode == 0:
         return
+    for name, info in lab_containers().items():
+        if NETWORK not in (info.get("Networks") or []):
+            log(f"removing {name} (on an old lab network)")
+            podman("rm", "-f", "-t", "5", name)
+    for old in _lab_networks():
+        podman("network", "rm", old)
     names, addrs = _host_bridges()
-    seed = int(hashlib.sha256(str(LAB.resolve()).encode()).hexdigest(), 16)
+    seed = int(LAB_ID, 16)
     for step in range(200):
         n = (seed + step) % 200 + 20
         bridge, gateway = f"mflab{n}", f"10.89.{n}.1"
@@ -253,7 +268,7 @@ def ensure_network() -> None:
     else:
         raise SystemExit("lab: no free 10.89.N.0/24 subnet for the lab network; remove other labs' networks.")
     config = {
-        "name": NETWORK, "id": hashlib.sha256(f"{LAB}:{NETWORK}".encode()).hexdigest(), "driver": "bridge",
+        "name": NETWORK, "id": hashlib.sha256(f"{LAB_ID}:{NETWORK}".encode()).hexdigest(), "driver": "bridge",
         "network_interface": bridge, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "subnets": [{"subnet": f"10.89.{n}.0/24", "gateway": gateway}], "ipv6_enabled": False,
         "internal": False, "dns_enabled": True, "ipam_options": {"driver": "host-local"},
@@ -297,8 +312,9 @@ def down(lab: str | None, inventory: Path) -> None:
     for name in lab_containers(lab):
         podman("rm", "-f", "-t", "5", name)
         log(f"removed {name}")
-    if lab is None and podman("network", "exists", NETWORK, check=False).returncode == 0:
-        podman("network", "rm", NETWORK)
+    if lab is None:
+        for network in _lab_networks():
+            podman("network", "rm", network)
     inventory.unlink(missing_ok=True)
     (inventory.parent / "ssh_config").unlink(missing_ok=True)
 
