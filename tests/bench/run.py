@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+from playbook import run_playbook  # noqa: E402
 from readiness_module import module_command  # noqa: E402
 from simproc import free_port, kill_group  # noqa: E402
 
@@ -285,12 +286,8 @@ def _lab(*args: str) -> None:
 
 
 def _playbook(inventory: Path, playbook: str, *extra: str) -> tuple[float, int]:
-    args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook)]
-    for value in extra:
-        args += ["-e", value]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     started = time.monotonic()
-    rc = subprocess.run(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    rc = run_playbook(inventory, playbook, *extra).returncode
     return time.monotonic() - started, rc
 
 

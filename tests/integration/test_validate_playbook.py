@@ -7,12 +7,11 @@ report it unreachable after an SSH timeout instead of failing on localhost at on
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from playbook import run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 MINE = {"description": "An operator profile for this test.", "gpus": 8, "nccl": "pcie_p2p", "fallback": None}
@@ -27,11 +26,7 @@ def inventory(tmp_path_factory) -> Path:
 
 
 def deploy(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(ROOT / "deploy.yml")]
-    for value in extra:
-        cmd += ["-e", value]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return run_playbook(inventory, "deploy.yml", *extra, timeout=60)
 
 
 def refused(run: subprocess.CompletedProcess) -> str:

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+from playbook import run_playbook  # noqa: E402
+
 KEY = "sglang_service_api_key=molecule-test-key-7f3a"  # as converge.yml set it
 
 
-def deploy(*args: str) -> subprocess.CompletedProcess:
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOEFLEET_LAB_INVENTORY"],
-           str(ROOT / "deploy.yml"), *args]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+def deploy(*extra_vars: str, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return run_playbook(os.environ["MOEFLEET_LAB_INVENTORY"], "deploy.yml", *extra_vars, options=options)
 
 
 def unit_and_invocation(host) -> tuple[str, str]:
@@ -25,7 +25,7 @@ def unit_and_invocation(host) -> tuple[str, str]:
 
 def test_check_mode_previews_the_switch_and_changes_nothing(host):
     before = unit_and_invocation(host)
-    run = deploy("-e", "profile=ep8", "-e", KEY, "--check", "--diff")
+    run = deploy("profile=ep8", KEY, options=("--check", "--diff"))
     assert run.returncode == 0, run.stdout[-3000:]
     assert "+ExecStart=" in run.stdout and "--ep-size 8" in run.stdout
     assert unit_and_invocation(host) == before
@@ -33,7 +33,7 @@ def test_check_mode_previews_the_switch_and_changes_nothing(host):
 
 def test_switch_to_ep8_changes_unit_and_serving_layout(host):
     before_unit, before_invocation = unit_and_invocation(host)
-    run = deploy("-e", "profile=ep8", "-e", KEY)
+    run = deploy("profile=ep8", KEY)
     assert run.returncode == 0, run.stdout[-3000:]
     unit, invocation = unit_and_invocation(host)
     assert unit != before_unit and invocation != before_invocation

@@ -3,25 +3,22 @@ where the previous one left the fleet (converge rolled tp8 out to every host).""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import testinfra
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+from playbook import run_playbook  # noqa: E402
+
 INVENTORY = Path(os.environ["MOEFLEET_LAB_INVENTORY"])
 HOSTS = [f"fleet-{i}" for i in range(1, 5)]
 FAULTY = INVENTORY.parent / "host_vars" / "fleet-3.yml"
 
 
 def rollout(report: Path, *extra_vars: str) -> tuple[int, str]:
-    args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY),
-            str(ROOT / "playbooks" / "rollout.yml"), "-e", f"moefleet_report_path={report}"]
-    for value in extra_vars:
-        args += ["-e", value]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    run = run_playbook(INVENTORY, "playbooks/rollout.yml", f"moefleet_report_path={report}", *extra_vars)
     return run.returncode, run.stdout + run.stderr
 
 

@@ -7,27 +7,24 @@ the host is then checked with testinfra: what the unit runs, what serves, and th
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+from playbook import run_playbook  # noqa: E402
+
 INVENTORY = os.environ["MOEFLEET_LAB_INVENTORY"]
 
 
 def deploy(*extra_vars: str) -> tuple[int, str, dict]:
-    args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, str(ROOT / "deploy.yml")]
-    for value in extra_vars:
-        args += ["-e", value]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
-    stdout = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)  # molecule's environment forces colour
+    run = run_playbook(INVENTORY, "deploy.yml", *extra_vars)
     # The lab host's recap line (not localhost's, which validates on the controller).
     recap = re.search(r"^(?!localhost)\S+\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
-                      stdout, re.M)
+                      run.stdout, re.M)
     keys = ("ok", "changed", "unreachable", "failed")
     stats = dict(zip(keys, map(int, recap.groups()), strict=True)) if recap else {}
-    return run.returncode, stdout + run.stderr, stats
+    return run.returncode, run.stdout + run.stderr, stats
 
 
 def faults(*entries: tuple[str, str]) -> str:
