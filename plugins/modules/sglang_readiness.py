@@ -208,7 +208,13 @@ EXCERPT_LINES = 40
 READ_TICK = 0.1  # seconds one select() waits: the bound on how late a deciding line is seen
 MARKER_GRACE = 0.5  # after "Received sigquit", how long to wait for the exception line that says why
 UNIT_POLL = 0.5  # seconds between systemctl show calls
-DEAD_DRAIN = 0.3  # after the unit died, read what journald still delivers for this long
+# Once the unit is dead, the verdict is taken from the invocation's stored journal entries, not from the
+# follow: journald may store a dying process's last lines after systemd has already recorded its death
+# (measured on the lab: 8 OOM lines stored 7 ms before the SIGKILL was, and not delivered by a follow
+# within 0.3 s). The stored entries are read again until they stop growing for SETTLE seconds (or a
+# line decides), at most SETTLE_MAX seconds after the death.
+SETTLE = 1.0
+SETTLE_MAX = 5.0
 
 
 class LineSource:
@@ -233,20 +239,16 @@ class JournalSource(LineSource):
     def __init__(self, journalctl: str, invocation_id: str) -> None:
         super().__init__()
         self._ended = False
+        self._journalctl = journalctl
+        self._match = f"_SYSTEMD_INVOCATION_ID={invocation_id}"
+        self._env = {**os.environ, "LC_ALL": "C", "SYSTEMD_PAGER": ""}
         # Popen, not run_command: run_command waits for the command to end, and a follow never ends.
         self._proc = subprocess.Popen(
-            [
-                journalctl,
-                "--follow",
-                "--lines=all",
-                "--output=cat",
-                "--no-pager",
-                f"_SYSTEMD_INVOCATION_ID={invocation_id}",
-            ],
+            [journalctl, "--follow", "--lines=all", "--output=cat", "--no-pager", self._match],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "LC_ALL": "C", "SYSTEMD_PAGER": ""},
+            env=self._env,
         )
         self._fd = self._proc.stdout.fileno()
 
@@ -267,6 +269,24 @@ class JournalSource(LineSource):
             lines.extend(self._split(data))
             wait = 0.0
             deadline = time.monotonic()
+
+    def stored(self) -> list[str] | None:
+        """Every line the journal holds for the invocation now (no follow), after asking journald to
+        write out what it has received; None when the journal cannot be read."""
+        # --sync needs privileges a non-root caller may lack; the stored read works without it.
+        subprocess.run(
+            [self._journalctl, "--sync"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+            env=self._env, timeout=10,
+        )
+        done = subprocess.run(
+            [self._journalctl, "--lines=all", "--output=cat", "--no-pager", self._match],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=False,
+            env=self._env, timeout=60,
+        )
+        if done.returncode != 0:
+            return None
+        text = done.stdout.decode("utf-8", errors="replace")
+        return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n") if text else []
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -432,6 +452,38 @@ def _describe(unit: str | None, verdict: dict, http_status: str) -> str:
     return f"{who} was not ready in time (phase {verdict['phase']}; last HTTP answer: {http_status})."
 
 
+def settle_after_death(source, follower: LogFollower, excerpt: collections.deque) -> dict:
+    """The verdict of a start whose unit is dead, from everything the journal stores for it.
+
+    The follow may not have delivered the last lines yet (they can reach the journal after systemd
+    records the death), so the stored entries are read until a line decides or they stop growing.
+    A log file (no journal) is final as read."""
+    if not isinstance(source, JournalSource):
+        return follower.finish().to_dict()
+    died = time.monotonic()
+    stored, changed_at = None, died
+    while True:
+        lines = source.stored()
+        now = time.monotonic()
+        # The stored record is used once it holds at least what the follow saw.
+        if lines is not None and len(lines) >= follower.lines_seen and (stored is None or len(lines) > len(stored)):
+            stored, changed_at = lines, now
+            probe = LogFollower(started_at=died)
+            verdict = probe.feed_many(stored, now=died)
+            if verdict.failed and verdict.final:
+                break
+        if now - changed_at >= SETTLE or now - died >= SETTLE_MAX:
+            break
+        time.sleep(READ_TICK * 2)
+    if stored is None:  # the journal could not be read back: keep what the follow saw
+        return follower.finish().to_dict()
+    excerpt.clear()
+    excerpt.extend(stored[-EXCERPT_LINES:])
+    final = LogFollower(started_at=died)
+    final.feed_many(stored, now=died)
+    return final.finish().to_dict()
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -534,11 +586,9 @@ def main() -> None:
                 result["unit_state"] = {k: v for k, v in state.items() if k != "InvocationID"}
                 if _unit_died(state, invocation_id):
                     dead_state = state
-                    drain_until = time.monotonic() + DEAD_DRAIN
-                    while time.monotonic() < drain_until:
-                        take(source.read(READ_TICK))
+                    take(source.read(0.0))
                     take(source.flush())
-                    verdict = follower.finish().to_dict()
+                    verdict = settle_after_death(source, follower, excerpt)
                     break
             if now >= deadline:
                 verdict = follower.verdict(now=now).to_dict()

@@ -254,9 +254,14 @@ FAKE_SYSTEMCTL = """#!/bin/sh
 cat "$FAKE_UNIT_STATE"
 """
 FAKE_JOURNALCTL = """#!/bin/sh
-# stands in for `journalctl --follow ... _SYSTEMD_INVOCATION_ID=...`: records its args, follows a file
-echo "$@" > "$FAKE_JOURNAL_ARGS"
-exec tail -n +1 -f "$FAKE_JOURNAL"
+# stands in for journalctl: `--follow ... _SYSTEMD_INVOCATION_ID=...` records its args and follows
+# $FAKE_JOURNAL (what a follow delivers); `--sync` succeeds; any other call prints the stored entries,
+# $FAKE_JOURNAL_STORED (which may hold more than the follow has delivered yet).
+case "$*" in
+  *--follow*) echo "$@" > "$FAKE_JOURNAL_ARGS"; exec tail -n +1 -f "$FAKE_JOURNAL" ;;
+  --sync) exit 0 ;;
+  *) echo "$@" >> "$FAKE_JOURNAL_ARGS.stored"; exec cat "${FAKE_JOURNAL_STORED:-$FAKE_JOURNAL}" ;;
+esac
 """
 
 
@@ -316,3 +321,31 @@ def test_a_unit_that_dies_silently_is_a_crash_that_names_its_state(tmp_path, fak
     assert result["line"] == (
         "sglang.service stopped: ActiveState=inactive SubState=dead Result=success ExecMainStatus=0"
     )
+
+
+def test_lines_the_journal_stores_after_the_unit_died_still_decide(tmp_path, fake_server, monkeypatch):
+    """The race seen on the lab: the follow never delivers the OOM lines, and journald stores them only
+    after systemd has recorded the death. The verdict reads the invocation's stored entries until they
+    settle, so the KV-pool OOM is reported, not a silent crash."""
+    state = fake_unit(tmp_path, monkeypatch)
+    stored = tmp_path / "journal.stored"
+    monkeypatch.setenv("FAKE_JOURNAL_STORED", str(stored))
+    begin = [
+        "[2025-02-17 10:13:20 TP4] Load weight begin. avail mem=93.61 GB",
+        "[2025-02-17 10:13:45 TP4] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+        "avail mem=2.10 GB, mem usage=91.51 GB.",
+    ]
+    rest = (LOGS / "06-oom_kv_cache-deepseek-r1-tke-not-enough-memory.log").read_text().split("\n")
+    write_lines(tmp_path / "journal.log", begin)
+    write_lines(stored, begin)
+    proc = start_module(tmp_path, {"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
+    time.sleep(1.0)
+    set_unit_state(state, "failed", "failed", result="signal", status="9")
+    time.sleep(0.6)  # journald lags behind the death
+    write_lines(stored, rest)
+    result, _ = finish(proc)
+    assert (result["state"], result["phase"]) == ("oom", "kv_cache"), result["msg"]
+    assert any("Not enough memory" in line for line in result["log_excerpt"])
+    assert "_SYSTEMD_INVOCATION_ID=0123456789abcdef0123456789abcdef" in (
+        tmp_path / "journalctl.args.stored"
+    ).read_text()
