@@ -39,16 +39,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab")) / "mirror"
 
-DISTROS = ("debian12", "ubuntu2204", "ubuntu2404")
+# NVIDIA's repository directories the lab serves. debian13's repository is signed by a key of its own
+# (NVIDIA's 8793F200.pub; the others use 3bf863cc.pub), so the lab signs it with a second key.
+DISTROS = ("debian12", "debian13", "ubuntu2204", "ubuntu2404")
+OWN_KEY_DISTROS = ("debian13",)
 # dpkg architecture -> directory name in NVIDIA's repo URL (.../repos/<distro>/<dir>/)
 ARCH_DIRS = {"amd64": "x86_64", "arm64": "sbsa"}
 MAINTAINER = "moefleet lab <lab@moefleet.invalid>"
 KEY_UID = "moefleet lab archive key (simulated NVIDIA CUDA repository) <lab@moefleet.invalid>"
+# The lab's mirror by the name hosts resolve on the lab network (inventory/sim's lab_mirror_url):
+# the cuda-keyring stand-in writes it into the apt source it adds, as NVIDIA's writes its own URL.
+LAB_MIRROR_URL = "http://moefleet-mirror:8080"
 # Fixed timestamp for every file inside the .deb files, so equal inputs give equal packages.
 SOURCE_DATE_EPOCH = 1735689600  # 2025-01-01T00:00:00Z
 
-# Driver branches and their versions as NVIDIA's repo names them (580 is the default, 570 the floor).
-DRIVER_BRANCHES = {"580": "580.95.05-1", "570": "570.195.03-1"}
+# Driver branches side by side, as in NVIDIA's repositories (570 the Blackwell floor, 580 the long-lived
+# branch, 590 the newest): upstream versions. Without a pin apt takes the newest, 590.
+DRIVER_BRANCHES = {"570": "570.195.03", "580": "580.95.05", "590": "590.48.01"}
+# The last branch published under branch-named packages (nvidia-open-<b>, nvidia-driver-<b>-open, ...);
+# from 590 on only the unsuffixed names exist and the branch lives in the version.
+LAST_SUFFIXED_BRANCH = 580
+# Debian revision of NVIDIA's packages per repository family.
+REVISIONS = {"debian": "1", "ubuntu": "0ubuntu1"}
 # CUDA toolkits: X.Y -> full release version; packages are cuda-toolkit-X-Y.
 TOOLKITS = {"12.8": "12.8.1", "12.9": "12.9.1", "13.0": "13.0.2"}
 # nvcc's own version in each of those releases (what version.json's cuda_nvcc says).
@@ -151,10 +163,11 @@ class LabKey:
     armored: Path       # lab-archive-key.asc
     binary: Path        # lab-archive-key.gpg
 
-    @property
-    def short_id(self) -> str:
-        """Last 8 hex digits of the key id, lower case: NVIDIA names its key file 3bf863cc.pub so."""
-        return self.fingerprint[-8:].lower()
+    def key_file(self, distro: str) -> str:
+        """The key's file name in the repository, as NVIDIA names its own: the key id's last 8 hex digits,
+        lower case (3bf863cc.pub) except debian13's, upper case (8793F200.pub)."""
+        short = self.fingerprint[-8:]
+        return f"{short.upper() if distro in OWN_KEY_DISTROS else short.lower()}.pub"
 
     def gpg(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
         return run(["gpg", "--homedir", str(self.home), "--batch", "--yes", "--no-tty",
@@ -165,10 +178,19 @@ class LabKey:
                        capture_output=True, check=False)
 
 
+def lab_key(keys: Path) -> LabKey:
+    return LabKey(keys / "gnupg", "", keys / "lab-archive-key.asc", keys / "lab-archive-key.gpg")
+
+
+def key_dirs(keys: Path) -> dict[str, Path]:
+    """Where each distro's signing key lives: keys/ for most, keys/<distro>/ for those with their own."""
+    return {d: keys / d if d in OWN_KEY_DISTROS else keys for d in DISTROS}
+
+
 def ensure_key(keys: Path) -> LabKey:
-    """The lab's archive signing key, made once (no passphrase) into keys/gnupg."""
+    """A lab archive signing key, made once (no passphrase) into keys/gnupg."""
     home = keys / "gnupg"
-    key = LabKey(home, "", keys / "lab-archive-key.asc", keys / "lab-archive-key.gpg")
+    key = lab_key(keys)
     stamp = keys / "fingerprint"
     if stamp.is_file() and key.armored.is_file() and key.binary.is_file() and home.is_dir():
         key.fingerprint = stamp.read_text().strip()
@@ -181,7 +203,8 @@ def ensure_key(keys: Path) -> LabKey:
     listing = key.gpg("--with-colons", "--list-secret-keys").stdout
     if "fpr:" not in listing:
         say(f"making the lab's archive signing key in {home} (once).")
-        key.gpg("--quick-gen-key", KEY_UID, "rsa4096", "sign", "never")
+        uid = KEY_UID if keys.name == "keys" else KEY_UID.replace("repository)", f"repository, {keys.name})")
+        key.gpg("--quick-gen-key", uid, "rsa4096", "sign", "never")
         listing = key.gpg("--with-colons", "--list-secret-keys").stdout
     key.fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
     write_atomic(key.armored, key.gpg("--armor", "--export", key.fingerprint).stdout.encode())
@@ -319,77 +342,192 @@ def family(distro: str) -> str:
     return "ubuntu" if distro.startswith("ubuntu") else "debian"
 
 
-def packages(inputs: Inputs, arch: str, key: LabKey, flavour: str = "debian") -> list[Package]:
-    """The stand-in packages for one architecture. flavour "ubuntu" follows NVIDIA's Ubuntu repos, where
-    the persistence daemon comes with the driver (nvidia-compute-utils-<branch>); "debian" follows the
-    Debian repo, where it is its own package, nvidia-persistenced."""
+# nvidia-modprobe stand-in. The real one is setuid root: it loads nvidia / nvidia-uvm and creates their
+# device nodes on behalf of CUDA programs. Under NoNewPrivileges= (or nosuid) the setuid bit is ignored,
+# so a process without CAP_SYS_MODULE / CAP_MKNOD gets nothing and it exits 1 without a word, as here.
+NVIDIA_MODPROBE = r"""#!/bin/sh
+# nvidia-modprobe stand-in (moefleet simulated lab): no kernel module exists in a container.
+uvm=0; minors=""
+for arg in "$@"; do
+  case "$arg" in
+    -u|--unified-memory) uvm=1 ;;
+    -c=*) minors="$minors ${arg#-c=}" ;;
+    -c*) minors="$minors ${arg#-c}" ;;
+    --version|-v) echo "nvidia-modprobe:  version {version} (simulated)"; exit 0 ;;
+  esac
+done
+# The real tool needs root (its setuid bit, which NoNewPrivileges= voids) to load modules and mknod.
+[ "$(id -u)" = 0 ] || exit 1
+node() {  # a character device where the container may make one, else a stand-in file
+  [ -e "$1" ] && return 0
+  mknod -m 666 "$1" c "$2" "$3" 2>/dev/null || install -m 666 /dev/null "$1"
+}
+for m in $minors; do node "/dev/nvidia$m" 195 "$m"; done
+[ -n "$minors" ] && node /dev/nvidiactl 195 255
+if [ "$uvm" = 1 ]; then
+  mkdir -p /run/sim-gpu && echo nvidia_uvm > /run/sim-gpu/modules
+  node /dev/nvidia-uvm 511 0 && node /dev/nvidia-uvm-tools 511 1
+fi
+exit 0
+"""
+
+
+def pinning_file(branch: str) -> bytes:
+    """The preference a nvidia-driver-pinning-<branch> package installs: priority 1000 on the branch's
+    versions of NVIDIA's driver packages, so apt prefers them to any newer branch and downgrades to them."""
+    return (f"# Installed by nvidia-driver-pinning-{branch}: track driver branch {branch}.\n"
+            "Package: *nvidia* cuda-drivers*\n"
+            f"Pin: version {branch}.*\n"
+            "Pin-Priority: 1000\n").encode()
+
+
+def smi_for(smi: bytes, upstream: str) -> bytes:
+    """The nvidia-smi stand-in reporting this package's driver version (a real host, once rebooted, runs
+    the driver it installed); a host's simulated GPU spec may still override it."""
+    pattern = re.compile(rb'"driver_version": "[0-9.]+"')
+    if not pattern.search(smi):
+        raise BuildError('the nvidia-smi stand-in has no default "driver_version": "X.Y.Z" to set per driver '
+                         "package; keep that key in its DEFAULT_SPEC.")
+    return pattern.sub(f'"driver_version": "{upstream}"'.encode(), smi, count=1)
+
+
+@dataclass
+class Driver:
+    """One driver release in one repository family."""
+    branch: str
+    upstream: str
+    flavour: str
+
+    @property
+    def version(self) -> str:
+        return f"{self.upstream}-{REVISIONS[self.flavour]}"
+
+    @property
+    def suffixed(self) -> bool:
+        return int(self.branch) <= LAST_SUFFIXED_BRANCH
+
+
+def doc(name: str, text: str) -> dict[str, tuple[bytes, int]]:
+    return {f"usr/share/doc/{name}/SIMULATED": (simulated_note(text), 0o644)}
+
+
+def driver_packages(drv: Driver, smi: bytes, arch: str) -> list[Package]:
+    """NVIDIA's driver packages of one release, named as its repositories name them. Debian (NVIDIA's
+    debian12/debian13): unsuffixed packages whose versions carry the branch; the metapackages, also the
+    branch-named nvidia-open-<b>, depend open-ended (>= version), so alone they pull the newest branch.
+    Ubuntu (ubuntu2204/ubuntu2404): up to 580 branch-named packages tied to each other by exact versions,
+    plus an unsuffixed nvidia-open per release; from 590 on the unsuffixed names only."""
+    b, v, up = drv.branch, drv.version, drv.upstream
+    pkgs: list[Package] = []
+    smi_files = {"usr/bin/nvidia-smi": (smi_for(smi, up), 0o755),
+                 "usr/lib/tmpfiles.d/sim-gpu.conf": (SIM_GPU_TMPFILES.encode(), 0o644)}
+    daemon_files = {
+        "usr/bin/nvidia-persistenced": (PERSISTENCED.replace("{version}", up).encode(), 0o755),
+        "lib/systemd/system/nvidia-persistenced.service": (PERSISTENCED_UNIT.encode(), 0o644),
+    }
+    daemon_details = ("A daemon that only stays up and logs \"Started (sim)\", with its systemd unit\n"
+                      "nvidia-persistenced.service (not enabled by the package: the role enables it).")
+    pkgs.append(Package(
+        name="nvidia-modprobe", version=v, arch=arch, summary="Load the NVIDIA kernel modules and create device nodes",
+        details="Stand-in of the setuid helper: as root it makes /dev/nvidia* stand-ins (-c=N) and\n"
+                "/dev/nvidia-uvm* (-u); without root (NoNewPrivileges voids setuid) it exits 1.",
+        files={"usr/bin/nvidia-modprobe": (NVIDIA_MODPROBE.replace("{version}", up).encode(), 0o755),
+               **doc("nvidia-modprobe", f"nvidia-modprobe {v} (simulated).")},
+        section="NVIDIA"))
+    pkgs.append(Package(
+        name=f"nvidia-driver-pinning-{b}", version=f"{b}-{REVISIONS[drv.flavour]}", arch="all",
+        summary=f"APT driver pinning file for driver branch {b}.",
+        details=f"Installs /etc/apt/preferences.d/nvidia-driver-pinning-{b}: priority 1000 for version {b}.*\n"
+                "of NVIDIA's driver packages. One pinning package at a time.",
+        files={f"etc/apt/preferences.d/nvidia-driver-pinning-{b}": (pinning_file(b), 0o644),
+               **doc(f"nvidia-driver-pinning-{b}", f"nvidia-driver-pinning-{b} (simulated).")},
+        provides=["nvidia-driver-pinning"], conflicts=["nvidia-driver-pinning"], replaces=["nvidia-driver-pinning"],
+        section="NVIDIA"))
+    if drv.flavour == "debian":
+        ge = f"(>= {up})"
+        pkgs += [
+            Package(name="nvidia-driver-cuda", version=v, arch=arch,
+                    summary="NVIDIA driver CUDA integration components",
+                    details="Installs the nvidia-smi stand-in as /usr/bin/nvidia-smi.",
+                    files={**smi_files, **doc("nvidia-driver-cuda", f"nvidia-driver-cuda {v} (simulated).")},
+                    depends=["python3"], scripts={"postinst": DRIVER_POSTINST}, section="NVIDIA"),
+            Package(name="nvidia-kernel-open-dkms", version=v, arch=arch,
+                    summary="NVIDIA open GPU kernel module (DKMS source)",
+                    details="Documentation only: no kernel module is built in the lab.",
+                    files=doc("nvidia-kernel-open-dkms", f"nvidia-kernel-open-dkms {v} (simulated)."),
+                    section="NVIDIA"),
+            Package(name="nvidia-persistenced", version=v, arch=arch, summary="NVIDIA persistence daemon",
+                    details=daemon_details,
+                    files={**daemon_files, **doc("nvidia-persistenced", f"nvidia-persistenced {v} (simulated).")},
+                    section="NVIDIA"),
+        ]
+        meta_depends = [f"nvidia-driver-cuda {ge}", f"nvidia-kernel-open-dkms {ge}", f"nvidia-persistenced {ge}",
+                        f"nvidia-modprobe {ge}"]
+        for name in ["nvidia-open", *([f"nvidia-open-{b}"] if drv.suffixed else [])]:
+            pkgs.append(Package(
+                name=name, version=v, arch=arch, summary="NVIDIA driver with open kernel modules (metapackage)",
+                details=f"Release {up}. Depends open-ended on the driver's packages, as NVIDIA's do.",
+                files=doc(name, f"{name} {v}: open kernel module driver metapackage (simulated)."),
+                depends=meta_depends, conflicts=["cuda-drivers"], section="NVIDIA"))
+        return pkgs
+    # Ubuntu
+    sfx = f"-{b}" if drv.suffixed else ""
+    utils, compute, dkms = f"nvidia-utils{sfx}", f"nvidia-compute-utils{sfx}", f"nvidia-dkms{sfx}-open"
+    driver = f"nvidia-driver{sfx}-open"
+    exact = f"(= {v})"
+    pkgs += [
+        # Every flavour of a file-carrying package excludes the others through one virtual name.
+        Package(name=utils, version=v, arch=arch, summary="NVIDIA driver support binaries",
+                details="Installs the nvidia-smi stand-in as /usr/bin/nvidia-smi.",
+                files={**smi_files, **doc(utils, f"{utils} {v} (simulated).")}, depends=["python3"],
+                provides=["nvidia-utils-any"], conflicts=["nvidia-utils-any"], replaces=["nvidia-utils-any"],
+                scripts={"postinst": DRIVER_POSTINST}, section="multiverse/utils"),
+        Package(name=compute, version=v, arch=arch, summary="NVIDIA compute utilities",
+                details=daemon_details + "\nOn NVIDIA's Ubuntu repositories the daemon ships here.",
+                files={**daemon_files, **doc(compute, f"{compute} {v}: nvidia-persistenced (simulated).")},
+                provides=["nvidia-persistenced"], conflicts=["nvidia-persistenced"], replaces=["nvidia-persistenced"],
+                section="multiverse/utils"),
+        Package(name=dkms, version=v, arch=arch, summary="NVIDIA open kernel module, DKMS",
+                details="Documentation only: no kernel module is built in the lab.",
+                files=doc(dkms, f"{dkms} {v} (simulated)."),
+                provides=["nvidia-dkms-any"], conflicts=["nvidia-dkms-any"], replaces=["nvidia-dkms-any"],
+                section="multiverse/kernel"),
+        Package(name=driver, version=v, arch=arch, summary="NVIDIA driver metapackage, open kernel modules",
+                details=f"Release {up}: the branch's utilities, compute utilities and DKMS module.",
+                files=doc(driver, f"{driver} {v} (simulated)."),
+                depends=[f"{utils} {exact}", f"{compute} {exact}", f"{dkms} {exact}", f"nvidia-modprobe (>= {up})"],
+                section="multiverse/libs"),
+    ]
+    if drv.suffixed:
+        pkgs.append(Package(
+            name=f"nvidia-open-{b}", version=v, arch=arch, summary=f"NVIDIA open kernel module driver, branch {b}",
+            details=f"Release {up}.", files=doc(f"nvidia-open-{b}", f"nvidia-open-{b} {v} (simulated)."),
+            depends=[f"{driver} {exact}"], conflicts=["cuda-drivers"], section="multiverse/libs"))
+    pkgs.append(Package(
+        name="nvidia-open", version=v, arch=arch, summary="NVIDIA driver with open kernel modules (metapackage)",
+        details=f"Release {up}.", files=doc("nvidia-open", f"nvidia-open {v} (simulated)."),
+        depends=[f"nvidia-open-{b} {exact}" if drv.suffixed else f"{driver} {exact}"], conflicts=["cuda-drivers"],
+        section="multiverse/libs"))
+    return pkgs
+
+
+def packages(inputs: Inputs, arch: str, flavour: str) -> list[Package]:
+    """The stand-in packages of one repository family for one architecture, cuda-keyring aside (its key
+    and source differ per distro: keyring_package)."""
     smi = inputs.nvidia_smi.read_bytes()
     nvcc = inputs.nvcc.read_bytes()
     pkgs: list[Package] = []
-    branches = list(DRIVER_BRANCHES)
-    for branch, version in DRIVER_BRANCHES.items():
-        others = [f"nvidia-open-{b}" for b in branches if b != branch]
-        utils = f"nvidia-compute-utils-{branch}"
-        pkgs.append(Package(
-            name=f"nvidia-open-{branch}", version=version, arch=arch,
-            summary=f"NVIDIA driver with open kernel modules, branch {branch}",
-            details=f"Driver branch {branch} ({version.split('-')[0]}), open kernel module flavour.\n"
-                    "Installs the nvidia-smi stand-in as /usr/bin/nvidia-smi.",
-            files={
-                "usr/bin/nvidia-smi": (smi, 0o755),
-                "usr/lib/tmpfiles.d/sim-gpu.conf": (SIM_GPU_TMPFILES.encode(), 0o644),
-                f"usr/share/doc/nvidia-open-{branch}/SIMULATED": (simulated_note(
-                    f"nvidia-open-{branch} {version}: NVIDIA open kernel module driver, branch {branch} "
-                    "(simulated)."), 0o644),
-            },
-            depends=["python3", *([f"{utils} (= {version})"] if flavour == "ubuntu" else [])],
-            conflicts=[*others, "cuda-drivers"], replaces=others, provides=["nvidia-smi"],
-            scripts={"postinst": DRIVER_POSTINST},
-        ))
-        pkgs.append(Package(
-            name="nvidia-open", version=version, arch=arch,
-            summary="NVIDIA driver with open kernel modules (metapackage)",
-            details=f"Pulls in nvidia-open-{branch}, the open kernel module driver of branch {branch}.",
-            files={"usr/share/doc/nvidia-open/SIMULATED": (simulated_note(
-                f"nvidia-open {version}: metapackage for nvidia-open-{branch} (simulated)."), 0o644)},
-            depends=[f"nvidia-open-{branch} (= {version})"], conflicts=["cuda-drivers"],
-        ))
-        daemon_files = {
-            "usr/bin/nvidia-persistenced": (
-                PERSISTENCED.replace("{version}", version.split("-")[0]).encode(), 0o755),
-            "lib/systemd/system/nvidia-persistenced.service": (PERSISTENCED_UNIT.encode(), 0o644),
-        }
-        daemon_details = ("A daemon that only stays up and logs \"Started (sim)\", with its systemd unit\n"
-                          "nvidia-persistenced.service (not enabled by the package: the role enables it).")
-        if flavour == "ubuntu":
-            other_utils = [f"nvidia-compute-utils-{b}" for b in branches if b != branch]
-            pkgs.append(Package(
-                name=utils, version=version, arch=arch,
-                summary=f"NVIDIA compute utilities, branch {branch}",
-                details=daemon_details,
-                files={**daemon_files, f"usr/share/doc/{utils}/SIMULATED": (simulated_note(
-                    f"{utils} {version}: nvidia-persistenced of branch {branch} (simulated)."), 0o644)},
-                conflicts=[*other_utils, "nvidia-persistenced"], replaces=[*other_utils, "nvidia-persistenced"],
-                provides=["nvidia-persistenced"], section="multiverse/utils",
-            ))
-        else:
-            pkgs.append(Package(
-                name="nvidia-persistenced", version=version, arch=arch,
-                summary="NVIDIA persistence daemon",
-                details=daemon_details,
-                files={**daemon_files, "usr/share/doc/nvidia-persistenced/SIMULATED": (simulated_note(
-                    f"nvidia-persistenced {version} (simulated)."), 0o644)},
-                section="multiverse/utils",
-            ))
-    newest = max(DRIVER_BRANCHES.values())
+    for branch, upstream in DRIVER_BRANCHES.items():
+        pkgs += driver_packages(Driver(branch, upstream, flavour), smi, arch)
+    newest = Driver(*max(DRIVER_BRANCHES.items(), key=lambda kv: int(kv[0])), flavour)
     pkgs.append(Package(
-        name="cuda-drivers", version=newest, arch=arch,
+        name="cuda-drivers", version=newest.version, arch=arch,
         summary="NVIDIA driver, proprietary kernel module flavour (metapackage)",
         details="The proprietary flavour, which Blackwell GPUs refuse. It conflicts with nvidia-open:\n"
                 "a host uses one or the other.",
-        files={"usr/share/doc/cuda-drivers/SIMULATED": (simulated_note(
-            f"cuda-drivers {newest}: proprietary driver flavour (simulated)."), 0o644)},
-        conflicts=["nvidia-open", *(f"nvidia-open-{b}" for b in branches)],
+        files=doc("cuda-drivers", f"cuda-drivers {newest.version}: proprietary driver flavour (simulated)."),
+        conflicts=["nvidia-open", *(f"nvidia-open-{b}" for b in DRIVER_BRANCHES
+                                    if int(b) <= LAST_SUFFIXED_BRANCH)],
     ))
     for xy, release in TOOLKITS.items():
         major, minor = xy.split(".")
@@ -415,19 +553,26 @@ def packages(inputs: Inputs, arch: str, key: LabKey, flavour: str = "debian") ->
             scripts={"postinst": CUDA_POSTINST.format(**fmt), "prerm": CUDA_PRERM.format(**fmt)},
             depends=["python3"],
         ))
-    pkgs.append(Package(
+    return pkgs
+
+
+def keyring_package(distro: str, arch: str, key: LabKey) -> Package:
+    """cuda-keyring as NVIDIA ships it: the repository's key in /usr/share/keyrings and an apt source for
+    the repository, signed-by that keyring (so a second source with another Signed-By breaks apt)."""
+    url = f"{LAB_MIRROR_URL}/apt/{distro}/{ARCH_DIRS[arch]}/"
+    source = f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {url} /\n"
+    return Package(
         name="cuda-keyring", version=CUDA_KEYRING_VERSION, arch="all",
         summary="GPG keyring for the CUDA repository",
-        details="Installs the lab's archive key as /usr/share/keyrings/cuda-archive-keyring.gpg, where\n"
-                "NVIDIA's cuda-keyring puts NVIDIA's key. No apt source is added: the role adds its own.",
+        details="Installs the lab's archive key as /usr/share/keyrings/cuda-archive-keyring.gpg and the\n"
+                f"apt source /etc/apt/sources.list.d/cuda-{distro}-{ARCH_DIRS[arch]}.list, as NVIDIA's does.",
         files={
             "usr/share/keyrings/cuda-archive-keyring.gpg": (key.binary.read_bytes(), 0o644),
-            "usr/share/doc/cuda-keyring/SIMULATED": (simulated_note(
-                f"cuda-keyring {CUDA_KEYRING_VERSION}: the lab archive key {key.fingerprint}."), 0o644),
+            f"etc/apt/sources.list.d/cuda-{distro}-{ARCH_DIRS[arch]}.list": (source.encode(), 0o644),
+            **doc("cuda-keyring", f"cuda-keyring {CUDA_KEYRING_VERSION}: the lab archive key {key.fingerprint}."),
         },
         section="multiverse/misc",
-    ))
-    return pkgs
+    )
 
 
 def build_deb(pkg: Package, work: Path, out_dir: Path) -> Path:
@@ -484,27 +629,30 @@ def release_text(repo: Path, arch: str, names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_apt(inputs: Inputs, key: LabKey, out: Path, arches: list[str]) -> None:
+def build_apt(inputs: Inputs, keys: dict[str, LabKey], out: Path, arches: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="moefleet-apt-") as tmp:
         work = Path(tmp)
         stage = staging(out / "apt")
-        indexes: dict[tuple[str, str], tuple[Path, bytes]] = {}
+        built: dict[tuple[str, str], list[tuple[Path, str]]] = {}
         for arch in arches:
             for flavour in sorted({family(d) for d in DISTROS}):
                 pool = work / f"pool-{flavour}-{arch}"
                 pool.mkdir()
-                stanzas = []
-                pkgs = packages(inputs, arch, key, flavour)
-                for pkg in sorted(pkgs, key=lambda p: (p.name, p.version)):
-                    deb = build_deb(pkg, work / "trees", pool)
-                    stanzas.append(packages_stanza(pkg, deb))
-                indexes[flavour, arch] = pool, "\n".join(stanzas).encode()
+                built[flavour, arch] = [(build_deb(pkg, work / "trees", pool), packages_stanza_of(pkg, work, pool))
+                                        for pkg in packages(inputs, arch, flavour)]
             for distro in DISTROS:
-                pool, packages_bytes = indexes[family(distro), arch]
+                key = keys[distro]
                 repo = stage / distro / ARCH_DIRS[arch]
                 repo.mkdir(parents=True)
-                for deb in sorted(pool.iterdir()):
+                keyring = keyring_package(distro, arch, key)
+                own = work / f"pool-{distro}-{arch}"
+                own.mkdir()
+                entries = [*built[family(distro), arch],
+                           (build_deb(keyring, work / "trees", own), packages_stanza_of(keyring, work, own))]
+                for deb, _ in entries:
                     link_or_copy(deb, repo / deb.name)
+                entries.sort(key=lambda e: e[0].name)
+                packages_bytes = "\n".join(stanza for _, stanza in entries).encode()
                 (repo / "Packages").write_bytes(packages_bytes)
                 with gzip.GzipFile(repo / "Packages.gz", "wb", compresslevel=9, mtime=0) as gz:
                     gz.write(packages_bytes)
@@ -516,8 +664,12 @@ def build_apt(inputs: Inputs, key: LabKey, out: Path, arches: list[str]) -> None
                         "--detach-sign", "--output", str(repo / "Release.gpg"), release)
                 shutil.copyfile(key.armored, repo / "lab-archive-key.asc")
                 shutil.copyfile(key.binary, repo / "lab-archive-key.gpg")
-                shutil.copyfile(key.armored, repo / f"{key.short_id}.pub")
+                shutil.copyfile(key.armored, repo / key.key_file(distro))
         swap_in(stage, out / "apt")
+
+
+def packages_stanza_of(pkg: Package, work: Path, pool: Path) -> str:
+    return packages_stanza(pkg, pool / pkg.filename)
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -677,23 +829,26 @@ def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
         pypi_hash = digest(me, *(str(p.relative_to(inputs.sglang)) for p in sglang_files), *sglang_files)
         want_pypi = force or stamp.get("pypi") != pypi_hash or not pypi_complete(out)
         keys = out.parent / "keys"
-        fingerprint_file = keys / "fingerprint"
-        key_id = fingerprint_file.read_text().strip() if fingerprint_file.is_file() else "none"
-        apt_hash = digest(me, inputs.nvidia_smi, inputs.nvcc, key_id, ",".join(arches))
+        dirs = key_dirs(keys)
+        fingerprints = [(d / "fingerprint").read_text().strip() if (d / "fingerprint").is_file() else "none"
+                        for d in sorted(set(dirs.values()))]
+        apt_hash = digest(me, inputs.nvidia_smi, inputs.nvcc, *fingerprints, ",".join(arches))
         want_apt = force or stamp.get("apt") != apt_hash or not apt_complete(out, arches)
         if want_apt:
             ensure_tools()
-            key = LabKey(keys / "gnupg", "", keys / "lab-archive-key.asc", keys / "lab-archive-key.gpg")
+            made = {d: lab_key(d) for d in set(dirs.values())}
             try:
-                key = ensure_key(keys)
-                apt_hash = digest(me, inputs.nvidia_smi, inputs.nvcc, key.fingerprint, ",".join(arches))
-                build_apt(inputs, key, out, arches)
+                made = {d: ensure_key(d) for d in made}
+                fingerprints = [made[d].fingerprint for d in sorted(made)]
+                apt_hash = digest(me, inputs.nvidia_smi, inputs.nvcc, *fingerprints, ",".join(arches))
+                build_apt(inputs, {distro: made[d] for distro, d in dirs.items()}, out, arches)
             finally:
-                key.stop_agent()
+                for key in made.values():
+                    key.stop_agent()
             stamp["apt"] = apt_hash
             write_atomic(stamp_path, json.dumps(stamp, indent=2).encode())
             say(f"apt repository built for {', '.join(DISTROS)} ({', '.join(arches)}), "
-                f"signed by {key.fingerprint}.")
+                f"signed by {', '.join(fingerprints)}.")
         else:
             say("apt repository is up to date (inputs unchanged).")
         if want_pypi:

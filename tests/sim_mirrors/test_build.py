@@ -27,22 +27,38 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "sim" / "mirrors" / "build.py"
-DISTROS = ("debian12", "ubuntu2204", "ubuntu2404")
-COMMON = {
-    ("nvidia-open", "580.95.05-1"), ("nvidia-open", "570.195.03-1"),
-    ("nvidia-open-580", "580.95.05-1"), ("nvidia-open-570", "570.195.03-1"),
-    ("cuda-drivers", "580.95.05-1"), ("cuda-keyring", "1.1-1"),
-    ("cuda-toolkit-12-8", "12.8.1-1"), ("cuda-toolkit-12-9", "12.9.1-1"), ("cuda-toolkit-13-0", "13.0.2-1"),
-}
-# Like NVIDIA's repos: on Debian the persistence daemon is its own package; on Ubuntu it comes with
-# the driver branch (nvidia-compute-utils-<branch>).
-EXPECTED = {
-    "debian12": COMMON | {("nvidia-persistenced", "580.95.05-1"), ("nvidia-persistenced", "570.195.03-1")},
-    "ubuntu2204": COMMON | {("nvidia-compute-utils-580", "580.95.05-1"),
-                            ("nvidia-compute-utils-570", "570.195.03-1")},
-}
-EXPECTED["ubuntu2404"] = EXPECTED["ubuntu2204"]
-FAKE_SMI = b'#!/usr/bin/env python3\nprint("GPU 0: fake nvidia-smi for the mirror tests")\n'
+DISTROS = ("debian12", "debian13", "ubuntu2204", "ubuntu2404")
+# The package names of NVIDIA's repositories that the lab reproduces (sim/mirrors/README.md has the table).
+DEBIAN_DRIVER = {"nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-persistenced",
+                 "nvidia-modprobe"}
+UBUNTU_DRIVER = {"nvidia-open", "nvidia-modprobe"}
+BRANCHES = {"570": "570.195.03", "580": "580.95.05", "590": "590.48.01"}
+
+
+def expected(distro: str) -> set[tuple[str, str]]:
+    ubuntu = distro.startswith("ubuntu")
+    rev = "0ubuntu1" if ubuntu else "1"
+    names: set[tuple[str, str]] = {("cuda-keyring", "1.1-1"), ("cuda-drivers", f"590.48.01-{rev}"),
+                                   ("cuda-toolkit-12-8", "12.8.1-1"), ("cuda-toolkit-12-9", "12.9.1-1"),
+                                   ("cuda-toolkit-13-0", "13.0.2-1")}
+    for b, up in BRANCHES.items():
+        v = f"{up}-{rev}"
+        names.add((f"nvidia-driver-pinning-{b}", f"{b}-{rev}"))
+        if not ubuntu:
+            names |= {(n, v) for n in DEBIAN_DRIVER} | ({(f"nvidia-open-{b}", v)} if b != "590" else set())
+        elif b != "590":  # Ubuntu: branch-named packages up to 580 only
+            names |= {(n, v) for n in UBUNTU_DRIVER | {f"nvidia-open-{b}", f"nvidia-driver-{b}-open",
+                                                        f"nvidia-utils-{b}", f"nvidia-compute-utils-{b}",
+                                                        f"nvidia-dkms-{b}-open"}}
+        else:
+            names |= {(n, v) for n in UBUNTU_DRIVER | {"nvidia-driver-open", "nvidia-utils",
+                                                        "nvidia-compute-utils", "nvidia-dkms-open"}}
+    return names
+
+
+EXPECTED = {d: expected(d) for d in DISTROS}
+FAKE_SMI = (b'#!/usr/bin/env python3\nDEFAULT_SPEC = {"driver_version": "1.2.3"}\n'
+            b'print("GPU 0: fake nvidia-smi for the mirror tests", DEFAULT_SPEC)\n')
 FAKE_NVCC = b'#!/usr/bin/env python3\nprint("fake nvcc for the mirror tests")\n'
 FAKE_PYPROJECT = """[build-system]
 requires = ["setuptools>=61"]
@@ -107,17 +123,30 @@ def test_layout_matches_nvidias_repository_paths(lab):
     out, _, _ = lab
     keys = out.parent / "keys"
     fingerprint = (keys / "fingerprint").read_text().strip()
+    own = (keys / "debian13" / "fingerprint").read_text().strip()
+    assert own != fingerprint, "debian13's repository must be signed by a key of its own, as NVIDIA's is"
     assert (keys / "gnupg").is_dir() and (keys / "gnupg").stat().st_mode & 0o077 == 0
     for distro in DISTROS:
         repo = repo_dir(out, distro)
+        # NVIDIA's key file names: 3bf863cc.pub (lower case), debian13's 8793F200.pub (upper case).
+        key_file = f"{own[-8:].upper()}.pub" if distro == "debian13" else f"{fingerprint[-8:].lower()}.pub"
         for name in ("Packages", "Packages.gz", "Release", "InRelease", "Release.gpg",
-                     "lab-archive-key.asc", "lab-archive-key.gpg", f"{fingerprint[-8:].lower()}.pub"):
+                     "lab-archive-key.asc", "lab-archive-key.gpg", key_file):
             assert (repo / name).is_file(), f"{repo / name} is missing"
-        assert (repo / "lab-archive-key.gpg").read_bytes() == (keys / "lab-archive-key.gpg").read_bytes()
+        signer = keys / "debian13" if distro == "debian13" else keys
+        assert (repo / "lab-archive-key.gpg").read_bytes() == (signer / "lab-archive-key.gpg").read_bytes()
         assert (repo / "lab-archive-key.asc").read_text().startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
     # Served by a container: everything world-readable.
     for path in out.rglob("*"):
         assert path.stat().st_mode & 0o004, f"{path} is not world-readable"
+
+
+def test_debian13_is_not_signed_by_the_other_repositories_key(lab):
+    out, _, _ = lab
+    other = repo_dir(out, "debian12") / "lab-archive-key.gpg"
+    result = subprocess.run(["gpgv", "--keyring", str(other), str(repo_dir(out, "debian13") / "InRelease")],
+                            capture_output=True)
+    assert result.returncode != 0
 
 
 def test_release_is_signed_and_lists_the_indexes(lab):
@@ -164,7 +193,8 @@ def test_packages_lists_every_deb_with_its_size_and_hashes(lab):
             assert entry["MD5sum"] == hashlib.md5(data).hexdigest()
             assert entry["Maintainer"] == "moefleet lab <lab@moefleet.invalid>"
             assert "simulated" in entry["Description"]
-            assert entry["Architecture"] == ("all" if entry["Package"] == "cuda-keyring" else "amd64")
+            all_arch = entry["Package"] == "cuda-keyring" or entry["Package"].startswith("nvidia-driver-pinning-")
+            assert entry["Architecture"] == ("all" if all_arch else "amd64")
             listed.add(deb.name)
         assert listed == {p.name for p in repo.glob("*.deb")}
 
@@ -181,21 +211,29 @@ def deb_files(deb: Path) -> str:
 def test_driver_packages(lab, tmp_path):
     out, _, _ = lab
     repo = repo_dir(out)
-    branch = repo / "nvidia-open-580_580.95.05-1_amd64.deb"
-    listing = deb_files(branch)
+    # Debian: the branch-named metapackage depends open-ended, like NVIDIA's cuda-drivers-580 / nvidia-open-580.
+    depends = deb_field(repo / "nvidia-open-580_580.95.05-1_amd64.deb", "Depends")
+    assert "nvidia-driver-cuda (>= 580.95.05)" in depends and "nvidia-kernel-open-dkms (>= 580.95.05)" in depends
+    cuda = repo / "nvidia-driver-cuda_580.95.05-1_amd64.deb"
+    listing = deb_files(cuda)
     assert " ./usr/bin/nvidia-smi\n" in listing
-    assert "./usr/share/doc/nvidia-open-580/SIMULATED" in listing
-    assert "modprobe" not in listing and "/lib/modules" not in listing
-    subprocess.run(["dpkg-deb", "-x", str(branch), str(tmp_path)], check=True)
-    assert (tmp_path / "usr/bin/nvidia-smi").read_bytes() == FAKE_SMI
+    assert "/lib/modules" not in listing
+    subprocess.run(["dpkg-deb", "-x", str(cuda), str(tmp_path)], check=True)
+    # The nvidia-smi stand-in reports the driver release of the package that installed it.
+    assert b'"driver_version": "580.95.05"' in (tmp_path / "usr/bin/nvidia-smi").read_bytes()
     assert os.access(tmp_path / "usr/bin/nvidia-smi", os.X_OK)
-    for version in ("580.95.05-1", "570.195.03-1"):
-        depends = deb_field(repo / f"nvidia-open_{version}_amd64.deb", "Depends")
-        assert depends == f"nvidia-open-{version.split('.')[0]} (= {version})"
-    assert "nvidia-open" in deb_field(repo / "cuda-drivers_580.95.05-1_amd64.deb", "Conflicts")
-    assert "cuda-drivers" in deb_field(branch, "Conflicts")
+    assert "nvidia-open" in deb_field(repo / "cuda-drivers_590.48.01-1_amd64.deb", "Conflicts")
+    # Ubuntu: branch-named packages tie each other by exact versions; from 590 the unsuffixed names.
+    ubuntu = repo_dir(out, "ubuntu2404")
+    assert deb_field(ubuntu / "nvidia-open_580.95.05-0ubuntu1_amd64.deb", "Depends") == \
+        "nvidia-open-580 (= 580.95.05-0ubuntu1)"
+    assert deb_field(ubuntu / "nvidia-open_590.48.01-0ubuntu1_amd64.deb", "Depends") == \
+        "nvidia-driver-open (= 590.48.01-0ubuntu1)"
+    assert "nvidia-compute-utils-580 (= 580.95.05-0ubuntu1)" in \
+        deb_field(ubuntu / "nvidia-driver-580-open_580.95.05-0ubuntu1_amd64.deb", "Depends")
     for persistenced in (repo / "nvidia-persistenced_580.95.05-1_amd64.deb",
-                         repo_dir(out, "ubuntu2404") / "nvidia-compute-utils-580_580.95.05-1_amd64.deb"):
+                         ubuntu / "nvidia-compute-utils-580_580.95.05-0ubuntu1_amd64.deb",
+                         ubuntu / "nvidia-compute-utils_590.48.01-0ubuntu1_amd64.deb"):
         listing = deb_files(persistenced)
         assert "./usr/bin/nvidia-persistenced" in listing
         assert "./lib/systemd/system/nvidia-persistenced.service" in listing
@@ -203,10 +241,44 @@ def test_driver_packages(lab, tmp_path):
         control = subprocess.run(["dpkg-deb", "-I", str(persistenced)], check=True, capture_output=True,
                                  text=True).stdout
         assert "postinst" not in control
-    ubuntu = repo_dir(out, "ubuntu2204") / "nvidia-open-580_580.95.05-1_amd64.deb"
-    assert "nvidia-compute-utils-580 (= 580.95.05-1)" in deb_field(ubuntu, "Depends")
-    keyring = deb_files(repo / "cuda-keyring_1.1-1_all.deb")
-    assert "./usr/share/keyrings/cuda-archive-keyring.gpg" in keyring
+
+
+def test_pinning_packages_exclude_each_other_and_pin_their_branch(lab, tmp_path):
+    out, _, _ = lab
+    deb = repo_dir(out) / "nvidia-driver-pinning-580_580-1_all.deb"
+    for field in ("Provides", "Conflicts", "Replaces"):
+        assert deb_field(deb, field) == "nvidia-driver-pinning"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path)], check=True)
+    pin = (tmp_path / "etc/apt/preferences.d/nvidia-driver-pinning-580").read_text()
+    assert "Pin: version 580.*" in pin and "Pin-Priority: 1000" in pin
+
+
+def test_cuda_keyring_adds_a_source_signed_by_its_keyring(lab, tmp_path):
+    out, _, _ = lab
+    for distro in ("debian12", "debian13"):
+        deb = repo_dir(out, distro) / "cuda-keyring_1.1-1_all.deb"
+        root = tmp_path / distro
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+        source = (root / f"etc/apt/sources.list.d/cuda-{distro}-x86_64.list").read_text()
+        assert source == ("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                          f"http://moefleet-mirror:8080/apt/{distro}/x86_64/ /\n")
+        keyring = (root / "usr/share/keyrings/cuda-archive-keyring.gpg").read_bytes()
+        assert keyring == (repo_dir(out, distro) / "lab-archive-key.gpg").read_bytes()
+
+
+def test_nvidia_modprobe_does_nothing_without_root(lab, tmp_path):
+    """Under NoNewPrivileges= the setuid helper runs as the caller: it cannot load nvidia-uvm."""
+    out, _, _ = lab
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the stand-in as another user")
+    subprocess.run(["dpkg-deb", "-x", str(repo_dir(out) / "nvidia-modprobe_580.95.05-1_amd64.deb"),
+                    str(tmp_path)], check=True)
+    script = (tmp_path / "usr/bin/nvidia-modprobe").read_text()
+    # Fed on stdin: the unprivileged user cannot traverse pytest's private temporary directory.
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-s", "--",
+                             "-u", "-c=0"], input=script, capture_output=True, text=True, cwd="/")
+    assert result.returncode == 1 and result.stdout == "" and result.stderr == ""
+    assert not Path("/run/sim-gpu/modules").exists() or "nvidia_uvm" not in Path("/run/sim-gpu/modules").read_text()
 
 
 def test_persistence_daemon_stand_in_logs_and_stops(lab, tmp_path):
@@ -348,12 +420,9 @@ def deb822(uri: str, keyring: Path) -> str:
     return f"Types: deb\nURIs: {uri}\nSuites: /\nSigned-By: {keyring}\n"
 
 
-@needs_apt
-@pytest.mark.parametrize("distro", DISTROS)
-def test_apt_updates_downloads_and_resolves_from_the_repository(lab, tmp_path, distro):
-    out, _, _ = lab
+def apt_with_repo(out: Path, root: Path, distro: str) -> PrivateApt:
     repo = repo_dir(out, distro)
-    apt = PrivateApt(tmp_path)
+    apt = PrivateApt(root)
     keyring = repo / "lab-archive-key.gpg"
     if distro == "debian12":  # what ansible.builtin.deb822_repository writes
         apt.add_source("cuda.sources", deb822(f"file:{repo}/", keyring))
@@ -361,31 +430,61 @@ def test_apt_updates_downloads_and_resolves_from_the_repository(lab, tmp_path, d
         apt.add_source("cuda.list", f"deb [signed-by={keyring}] file:{repo}/ /\n")
     update = apt("update")
     assert update.returncode == 0 and "W:" not in update.stderr and "E:" not in update.stderr, update.stderr
-    policy = apt("policy", "nvidia-open", tool="apt-cache").stdout
-    assert "Candidate: 580.95.05-1" in policy and "570.195.03-1" in policy
-    # What the roles install: nvidia_driver (branch package, on Debian the daemon pinned to the branch)
-    # and cuda_toolkit.
-    wanted = ["nvidia-open-580", "cuda-toolkit-12-9"]
-    if distro == "debian12":
-        wanted.append("nvidia-persistenced=580.*")
-    daemon = "nvidia-persistenced" if distro == "debian12" else "nvidia-compute-utils-580"
-    got = apt("download", "nvidia-open", daemon, *wanted)
-    assert got.returncode == 0, got.stderr
-    assert sorted(p.name for p in (tmp_path / "downloads").iterdir()) == sorted([
-        "cuda-toolkit-12-9_12.9.1-1_amd64.deb", "nvidia-open-580_580.95.05-1_amd64.deb",
-        "nvidia-open_580.95.05-1_amd64.deb", f"{daemon}_580.95.05-1_amd64.deb"])
-    plan = apt("-s", "install", *wanted)
+    return apt
+
+
+def pin(apt: PrivateApt, out: Path, distro: str, branch: str) -> None:
+    """What installing nvidia-driver-pinning-<branch> does to apt: its preferences file."""
+    deb = next(repo_dir(out, distro).glob(f"nvidia-driver-pinning-{branch}_*_all.deb"))
+    extracted = apt.root / "pinning"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(extracted)], check=True)
+    for path in (extracted / "etc/apt/preferences.d").iterdir():
+        shutil.copyfile(path, apt.root / "etc" / "preferences.d" / path.name)
+
+
+def installs(plan: subprocess.CompletedProcess) -> dict[str, str]:
     assert plan.returncode == 0, plan.stdout + plan.stderr
-    assert "Inst nvidia-open-580 (580.95.05-1" in plan.stdout
-    assert f"Inst {daemon} (580.95.05-1" in plan.stdout
-    assert "Inst cuda-toolkit-12-9 (12.9.1-1" in plan.stdout
-    floor = apt("-s", "install", "nvidia-open=570.195.03-1")
-    assert floor.returncode == 0 and "Inst nvidia-open-570 (570.195.03-1" in floor.stdout, floor.stderr
-    if distro == "debian12":
-        pinned = apt("-s", "install", "nvidia-open-570", "nvidia-persistenced=570.*")
-        assert "Inst nvidia-persistenced (570.195.03-1" in pinned.stdout, pinned.stdout + pinned.stderr
+    return dict(re.findall(r"^Inst (\S+) \((\S+)", plan.stdout, re.MULTILINE))
+
+
+@needs_apt
+@pytest.mark.parametrize("distro", DISTROS)
+def test_without_a_pin_apt_takes_the_newest_branch(lab, tmp_path, distro):
+    out, _, _ = lab
+    apt = apt_with_repo(out, tmp_path, distro)
+    ubuntu = distro.startswith("ubuntu")
+    rev = "0ubuntu1" if ubuntu else "1"
+    assert f"Candidate: 590.48.01-{rev}" in apt("policy", "nvidia-open", tool="apt-cache").stdout
+    got = installs(apt("-s", "install", "nvidia-open"))
+    smi_package = "nvidia-utils" if ubuntu else "nvidia-driver-cuda"
+    assert got["nvidia-open"] == got[smi_package] == f"590.48.01-{rev}"
+    if ubuntu:
+        # Branch-named packages exist up to 580 only, and they hold their branch.
+        assert installs(apt("-s", "install", "nvidia-open-580"))["nvidia-utils-580"] == "580.95.05-0ubuntu1"
+        missing = apt("-s", "install", "nvidia-open-590")
+        assert missing.returncode != 0 and "Unable to locate package nvidia-open-590" in missing.stderr
+    else:
+        # The branch-named metapackage still pulls the newest branch's driver: its Depends are open-ended.
+        got = installs(apt("-s", "install", "nvidia-open-580"))
+        assert got["nvidia-open-580"] == "580.95.05-1" and got["nvidia-driver-cuda"] == "590.48.01-1"
+
+
+@needs_apt
+@pytest.mark.parametrize("distro", DISTROS)
+@pytest.mark.parametrize("branch", ["570", "580", "590"])
+def test_a_pinning_package_holds_apt_on_its_branch(lab, tmp_path, distro, branch):
+    out, _, _ = lab
+    apt = apt_with_repo(out, tmp_path, distro)
+    pin(apt, out, distro, branch)
+    rev = "0ubuntu1" if distro.startswith("ubuntu") else "1"
+    daemon = "nvidia-persistenced" if not distro.startswith("ubuntu") else (
+        f"nvidia-compute-utils-{branch}" if branch != "590" else "nvidia-compute-utils")
+    got = installs(apt("-s", "install", "nvidia-open", "nvidia-modprobe", "cuda-toolkit-12-9"))
+    version = f"{BRANCHES[branch]}-{rev}"
+    assert got["nvidia-open"] == got[daemon] == got["nvidia-modprobe"] == version, got
+    assert got["cuda-toolkit-12-9"] == "12.9.1-1"
     clash = apt("-s", "install", "nvidia-open", "cuda-drivers")
-    assert clash.returncode != 0 and "Conflicts" in clash.stdout
+    assert clash.returncode != 0
 
 
 @needs_apt
@@ -463,9 +562,12 @@ def test_real_inputs(tmp_path):
     assert result.returncode == 0, result.stderr
     repo = repo_dir(out)
     root = tmp_path / "root"
-    for deb in ["nvidia-open-580_580.95.05-1_amd64.deb", *(p.name for p in repo.glob("cuda-toolkit-*.deb"))]:
+    for deb in ["nvidia-driver-cuda_590.48.01-1_amd64.deb", *(p.name for p in repo.glob("cuda-toolkit-*.deb"))]:
         subprocess.run(["dpkg-deb", "-x", str(repo / deb), str(root)], check=True)
-    assert (root / "usr/bin/nvidia-smi").read_bytes() == REAL["nvidia-smi"].read_bytes()
+    smi = subprocess.run([str(root / "usr/bin/nvidia-smi"), "--query-gpu=driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=30,
+                         env=dict(os.environ, SIM_GPU_SPEC=str(tmp_path / "no-spec.json")))
+    assert smi.stdout.splitlines()[0] == "590.48.01", smi.stdout + smi.stderr
     env = {k: v for k, v in os.environ.items() if k != "SIM_CUDA_VERSION"}
     for xy in ("12.8", "12.9", "13.0"):
         nvcc = subprocess.run([str(root / f"usr/local/cuda-{xy}/bin/nvcc"), "--version"], capture_output=True,
