@@ -43,6 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="memory per GPU as PyTorch reports it (94.97 for an RTX PRO 6000)",
     )
     parser.add_argument(
+        "--gpu-memory-total-mib",
+        type=float,
+        metavar="MIB",
+        help="nvidia-smi's memory.total per GPU (97887 for an RTX PRO 6000), which SGLang sizes its default "
+        "--mem-fraction-static from; default: --gpu-memory-gib in MiB",
+    )
+    parser.add_argument(
         "--profile", action="append", default=[], metavar="NAME", help="plan only this profile (repeatable)"
     )
     layout = parser.add_argument_group("ad-hoc layout (SGLang flags)")
@@ -74,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
 def plan_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.gpus < 1 or args.gpu_memory_gib <= 0:
         raise BadInput("--gpus and --gpu-memory-gib must both be positive.")
+    if args.gpu_memory_total_mib is not None and args.gpu_memory_total_mib < args.gpu_memory_gib * 1024:
+        raise BadInput(
+            "--gpu-memory-total-mib is nvidia-smi's memory.total, at least --gpu-memory-gib x 1024 "
+            "(97887 for an RTX PRO 6000 whose PyTorch capacity is 94.97 GiB)."
+        )
     config = _read_json(args.model_config, "model config")
     catalog = load_catalog(args.catalog, args.extra_profiles)
     adhoc = any(v is not None for v in (args.tp, args.ep, args.pp, args.dp)) or args.dp_attention
@@ -92,7 +104,7 @@ def plan_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         layouts = [(name, profiles.resolve_profile(catalog, name)["flags"]) for name in names]
     rows = []
     for name, result in planner.plan_many(
-        config, args.gpus, args.gpu_memory_gib, layouts, catalog["profiles"]
+        config, args.gpus, args.gpu_memory_gib, layouts, catalog["profiles"], args.gpu_memory_total_mib
     ):
         row = {"profile": name, **result.to_dict()}
         rows.append(row)
@@ -137,20 +149,21 @@ def _read_yaml(path: Path, what: str) -> Any:
 
 
 def render_table(rows: list[dict[str, Any]], gpus: int, gpu_memory_gib: float) -> str:
-    header = ("profile", "flags", "gpus", "weights/GPU", "KV tokens", "verdict")
+    header = ("profile", "flags", "gpus", "weights/GPU", "mem fraction", "KV tokens", "verdict")
     body = [
         (
             row["profile"],
             planner.Layout.from_flags(row["flags"]).cli(),
             f"{row['gpus_used']}/{gpus}",
             f"{row['weights_gib_per_gpu']:.1f} GiB" if row["weights_gib_per_gpu"] else "-",
+            f"{row['mem_fraction_static']:.3f}" if row["mem_fraction_static"] else "-",
             f"{row['kv_tokens']:,}",
             row["verdict"],
         )
         for row in rows
     ]
     widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
-    right = {2, 3, 4}
+    right = {2, 3, 4, 5}
 
     def fmt(line: tuple[str, ...]) -> str:
         cells = [

@@ -52,10 +52,11 @@ def moefleet_opening_attempt(previous, profile, fingerprint, nccl_set, catalog, 
     return rollback.opening_attempt(previous, profile, fingerprint, nccl_set, catalog, bool(retry))
 
 
-def moefleet_next_step(attempts, ladder, catalog, flags=None):
-    """What to try after the attempts so far: ``{action: done|start|restore, attempt, reason}``."""
+def moefleet_next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None):
+    """What to try after the attempts so far: ``{action: done|start|restore, attempt, reason}``;
+    ``gpu_memory_mib`` (nvidia-smi's memory.total) sizes the KV-pool retune."""
     try:
-        return rollback.next_step(ladder, attempts, catalog, flags)
+        return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib)
     except rollback.RollbackError as exc:
         raise AnsibleFilterError(f"moefleet_next_step: {exc}") from None
 

@@ -42,15 +42,9 @@ TIGHT_MIN_KV_TOKENS = 32768
 
 VERDICTS = ("fits", "tight", "oom", "invalid")
 
-_KV_DTYPE_BYTES = {
-    "auto": 2,
-    "bf16": 2,
-    "bfloat16": 2,
-    "float16": 2,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "fp8": 1,
-}
+# --kv-cache-dtype choices of SGLang 0.5.10 (server_args.py, add_cli_args); "auto" is the model's
+# dtype (BF16 for Kimi K2.x and DeepSeek-V3, whose checkpoints carry no FP8 KV-cache scheme).
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")
 
 
 class PlanError(ValueError):
@@ -166,9 +160,10 @@ def layout_problems(layout: Layout) -> list[str]:
     frac = layout.mem_fraction_static
     if frac is not None and not 0.0 < float(frac) < 1.0:
         problems.append(f"--mem-fraction-static must lie between 0 and 1, not {frac}.")
-    if layout.kv_cache_dtype not in _KV_DTYPE_BYTES:
+    if layout.kv_cache_dtype not in KV_CACHE_DTYPES:
         problems.append(
-            f"--kv-cache-dtype {layout.kv_cache_dtype!r} is not one of {', '.join(sorted(_KV_DTYPE_BYTES))}."
+            f"--kv-cache-dtype {layout.kv_cache_dtype!r} is not one SGLang accepts; use one of "
+            f"{', '.join(KV_CACHE_DTYPES)}."
         )
     return problems
 
@@ -213,6 +208,74 @@ class Quantization:
 
 
 @dataclass(frozen=True)
+class VisionTower:
+    """A MoonViT-style vision tower and its patch-merger projector, with the sizes SGLang builds them at."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    patch: int
+    pos_emb: tuple[int, int]
+    merge: tuple[int, int]
+    projector_hidden: int  # the vision width the projector merges (Kimi K2.5: vt_hidden_size)
+    text_hidden: int
+
+
+# KimiK25VisionConfig's defaults (sglang/srt/configs/kimi_k25.py). SGLang builds that class from the
+# JSON's vision_config: keys with these names override a default, other keys (the vt_* ones Kimi K2.5
+# ships) only become extra attributes, so the tower is built at these sizes whatever vt_* say.
+_KIMI_K25_VISION_DEFAULTS = {
+    "num_hidden_layers": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_attention_heads": 16,
+    "patch_size": 14,
+    "init_pos_emb_height": 64,
+    "init_pos_emb_width": 64,
+    "merge_kernel_size": (2, 2),
+}
+# What adjust_mem_fraction_for_vlm (server_args.py) falls back to when the vision config object has no
+# num_hidden_layers / hidden_size: a ViT-L/14.
+_VIT_L_LAYERS, _VIT_L_HIDDEN = 24, 1024
+
+
+def vision_tower(config: Mapping[str, Any]) -> VisionTower | None:
+    """The vision tower SGLang builds for ``config``, or None for a text-only model.
+
+    SGLang reads the tower's sizes from the config *object* it builds, not from the raw JSON: for Kimi
+    K2.5/K2.6 (``model_type`` kimi_k25) that is ``KimiK25VisionConfig(**vision_config)``, whose defaults
+    stand wherever the JSON uses other key names; for any other model the JSON's own
+    ``num_hidden_layers`` / ``hidden_size`` count, with SGLang's ViT-L fallback when they are absent.
+    """
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return None
+    text = config.get("text_config")
+    text_hidden = int((text if isinstance(text, Mapping) else config).get("hidden_size", 0))
+    if config.get("model_type") == "kimi_k25":
+        built = {**_KIMI_K25_VISION_DEFAULTS, **{k: v for k, v in vision.items() if k in _KIMI_K25_VISION_DEFAULTS}}
+    else:
+        built = {"num_hidden_layers": _VIT_L_LAYERS, "hidden_size": _VIT_L_HIDDEN, **dict(vision)}
+    try:
+        hidden = int(built["hidden_size"])
+        merge = built.get("merge_kernel_size") or (2, 2)
+        return VisionTower(
+            layers=int(built["num_hidden_layers"]),
+            hidden=hidden,
+            intermediate=int(built.get("intermediate_size", 4 * hidden)),
+            heads=int(built.get("num_attention_heads", 16)),
+            patch=int(built.get("patch_size", 14)),
+            pos_emb=(int(built.get("init_pos_emb_height", 0)), int(built.get("init_pos_emb_width", 0))),
+            merge=(int(merge[0]), int(merge[1])),
+            projector_hidden=int(vision.get("vt_hidden_size", hidden)),
+            text_hidden=int(vision.get("text_hidden_size", text_hidden)),
+        )
+    except (TypeError, ValueError, IndexError) as exc:
+        raise PlanError(f"The model config's vision_config has a field of the wrong type ({exc}).") from None
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """The fields of a DeepSeek-V3-style config that decide memory."""
 
@@ -234,7 +297,12 @@ class ModelShape:
     max_position_embeddings: int
     tie_word_embeddings: bool
     quant: Quantization
-    vision: Mapping[str, Any] | None = field(default=None, compare=False)
+    vision: VisionTower | None = None
+
+    @property
+    def multimodal(self) -> bool:
+        """Whether SGLang treats the model as multimodal (it has a vision tower)."""
+        return self.vision is not None
 
     def is_moe_layer(self, index: int) -> bool:
         return (
@@ -287,7 +355,7 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
             max_position_embeddings=int(lm.get("max_position_embeddings", 0)),
             tie_word_embeddings=bool(lm.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
             quant=_quantization(quant_cfg),
-            vision=config.get("vision_config") if isinstance(config.get("vision_config"), Mapping) else None,
+            vision=vision_tower(config),
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"The model config has a field of the wrong type ({exc}).") from None
@@ -351,8 +419,15 @@ def gpu_memory_defaults(gpu_mem_mib: float, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
-def reserved_memory_mib(gpu_mem_mib: float, layout: Layout) -> float:
-    """MiB SGLang keeps outside the static pool for activations and CUDA graphs."""
+def piecewise_cuda_graphs(layout: Layout, multimodal: bool) -> bool:
+    """Whether SGLang captures piecewise CUDA graphs (``_handle_piecewise_cuda_graph``): not with pipeline
+    stages, DP attention or a multimodal model; the other conditions it checks are flags no profile sets."""
+    return layout.pp == 1 and not layout.dp_attention and not multimodal
+
+
+def reserved_memory_mib(gpu_mem_mib: float, layout: Layout, multimodal: bool = False) -> float:
+    """MiB SGLang keeps outside the static pool for activations and CUDA graphs
+    (``ServerArgs._handle_gpu_memory_settings``; its MLA models reserve 1.5 GiB more for piecewise graphs)."""
     chunked, graph_bs = gpu_memory_defaults(gpu_mem_mib, layout.tp)
     chunked = layout.chunked_prefill_size if layout.chunked_prefill_size is not None else chunked
     graph_bs = layout.cuda_graph_max_bs if layout.cuda_graph_max_bs is not None else graph_bs
@@ -364,35 +439,63 @@ def reserved_memory_mib(gpu_mem_mib: float, layout: Layout) -> float:
         reserved += graph_bs * layout.dp * 3
         if graph_bs > 300:
             reserved += graph_bs * layout.dp * 1.5
+    if piecewise_cuda_graphs(layout, multimodal):
+        reserved += 1.5 * 1024
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return reserved
 
 
-def vlm_mem_fraction_factor(vision: Mapping[str, Any] | None) -> float:
-    """SGLang's multiplier on mem_fraction_static for models with a vision tower."""
+def vlm_mem_fraction_factor(vision: VisionTower | None) -> float:
+    """SGLang's multiplier on mem_fraction_static for a model with a vision tower
+    (``adjust_mem_fraction_for_vlm``): 0.95, scaled by the tower's size against a ViT-L/14."""
     if vision is None:
         return 1.0
-    # SGLang reads num_hidden_layers / hidden_size and falls back to a ViT-L/14 (24 × 1024).
-    layers = int(vision.get("num_hidden_layers", 24))
-    hidden = int(vision.get("hidden_size", 1024))
-    ratio = layers * hidden**2 / (24 * 1024**2)
+    ratio = vision.layers * vision.hidden**2 / (_VIT_L_LAYERS * _VIT_L_HIDDEN**2)
     dynamic = max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
     return 0.95 * dynamic
 
 
-def default_mem_fraction_static(
-    gpu_mem_mib: float, layout: Layout, vision: Mapping[str, Any] | None = None
-) -> float:
-    """SGLang's default --mem-fraction-static for a GPU of ``gpu_mem_mib`` MiB.
+def max_mem_fraction_static(gpu_mem_mib: float, layout: Layout, multimodal: bool = False) -> float:
+    """The largest --mem-fraction-static that keeps SGLang's own reserve for activations and CUDA graphs
+    outside the pool: its default before the vision-tower reduction, ``round((total − reserved) / total, 3)``
+    with ``gpu_mem_mib`` nvidia-smi's memory.total."""
+    return round((gpu_mem_mib - reserved_memory_mib(gpu_mem_mib, layout, multimodal)) / gpu_mem_mib, 3)
 
-    A faithful port of ``ServerArgs._handle_gpu_memory_settings`` in sgl-project/sglang
-    python/sglang/srt/server_args.py (no speculative decoding, no piecewise CUDA graphs), including
-    ``adjust_mem_fraction_for_vlm`` for models that carry a vision tower.
+
+def default_mem_fraction_static(gpu_mem_mib: float, layout: Layout, vision: VisionTower | None = None) -> float:
+    """SGLang's default --mem-fraction-static on a GPU whose nvidia-smi memory.total is ``gpu_mem_mib``.
+
+    A port of ``ServerArgs._handle_gpu_memory_settings`` (sglang/srt/server_args.py; no speculative
+    decoding) followed by ``adjust_mem_fraction_for_vlm`` for a model with a vision tower.
     """
-    reserved = reserved_memory_mib(gpu_mem_mib, layout)
-    fraction = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-    return fraction * vlm_mem_fraction_factor(vision)
+    return max_mem_fraction_static(gpu_mem_mib, layout, vision is not None) * vlm_mem_fraction_factor(vision)
+
+
+def custom_all_reduce_pairs(layout: Layout) -> list[str]:
+    """The process groups in which SGLang's custom all-reduce runs over CUDA P2P on PCIe-only GPUs.
+
+    SGLang gives a custom all-reduce to the TP group and to the MoE EP, TP and DP groups that differ
+    from it (distributed/parallel_state.py); on GPUs without NVLink it disables it for groups of more
+    than two (custom_all_reduce_utils.can_use_custom_all_reduce_with_nvlink), so exactly the groups of
+    two keep it, and it talks P2P whatever NCCL_P2P_DISABLE says.
+    """
+    groups = [("TP", layout.tp)]
+    if layout.ep != layout.tp:
+        groups.append(("MoE EP", layout.ep))
+    if layout.moe_tp != layout.tp:
+        groups.append(("MoE TP", layout.moe_tp))
+    return [f"the {name} group" for name, size in groups if size == 2]
+
+
+def kv_bytes_per_token_layer(shape: ModelShape, kv_cache_dtype: str) -> int:
+    """KV-cache bytes of one token in one layer: MLA keeps one latent of kv_lora_rank + qk_rope_head_dim
+    (model_runner_kv_cache_mixin.get_cell_size_per_token); fp4_e2m1 packs two values a byte plus one
+    scale byte per 16."""
+    latent = shape.kv_lora_rank + shape.qk_rope_head_dim
+    if kv_cache_dtype == "fp4_e2m1":
+        return latent // 2 + latent // 16
+    return latent * (1 if kv_cache_dtype.startswith("fp8") else 2)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -484,9 +587,9 @@ def stage_weight_bytes(shape: ModelShape, layout: Layout, stage: int) -> dict[st
         else:
             parts["dense_mlp"] += _mlp_bytes(shape, shape.intermediate // tp, f"model.layers.{index}.mlp")
     vocab_row = shape.hidden * 2
+    if shape.vision is not None:  # KimiK25ForConditionalGeneration builds it on every pipeline rank
+        parts["vision_tower"] = vision_tower_bytes(shape.vision, attn_tp)
     if stage == 0:
-        if shape.vision is not None:
-            parts["vision_tower"] = vision_tower_bytes(shape.vision, shape.hidden)
         embed_shards = 1 if layout.dp_attention else tp
         parts["embed_tokens"] = _ceil_div(shape.vocab_size, embed_shards) * vocab_row
     if stage == layout.pp - 1:
@@ -496,23 +599,24 @@ def stage_weight_bytes(shape: ModelShape, layout: Layout, stage: int) -> dict[st
     return parts
 
 
-def vision_tower_bytes(vision: Mapping[str, Any], text_hidden: int) -> int:
-    """BF16 bytes of a MoonViT-style vision tower plus its projector, replicated on the first stage.
+def vision_tower_bytes(vision: VisionTower, attn_tp: int) -> int:
+    """BF16 bytes of a MoonViT-style vision tower plus its patch-merger projector on one GPU.
 
-    Counts the encoder blocks (qkv, out, two-layer MLP, biases, norms), the patch and position
-    embeddings, and the patch-merger projector into the text hidden size.
+    Each encoder block's attention is TP-sharded over the attention TP group (VisionAttention's
+    QKVParallelLinear and RowParallelLinear, layers/attention/vision.py; the output bias stays whole);
+    its MLP (nn.Linear), norms, the patch and position embeddings and the projector are replicated.
     """
-    hidden = int(vision.get("vt_hidden_size", vision.get("hidden_size", 0)))
-    inter = int(vision.get("vt_intermediate_size", vision.get("intermediate_size", 0)))
-    blocks = int(vision.get("vt_num_hidden_layers", vision.get("num_hidden_layers", 0)))
-    patch = int(vision.get("patch_size", 14))
-    merge = vision.get("merge_kernel_size") or [2, 2]
-    merged = hidden * int(merge[0]) * int(merge[1])
-    per_block = 4 * hidden * hidden + 2 * hidden * inter + 6 * hidden + inter + 4 * hidden
-    pos = int(vision.get("init_pos_emb_height", 0)) * int(vision.get("init_pos_emb_width", 0)) * hidden
-    embed = hidden * 3 * patch * patch + hidden + pos
-    projector = 2 * hidden + merged * merged + merged + text_hidden * merged + text_hidden
-    return 2 * (blocks * per_block + embed + projector + 2 * hidden)
+    h, inter = vision.hidden, vision.intermediate
+    heads_here = max(vision.heads // attn_tp, 1)
+    head_dim = h // vision.heads if vision.heads else h
+    qkv = 3 * heads_here * head_dim
+    attention = qkv * h + qkv + h * heads_here * head_dim + h
+    per_block = attention + 2 * h * inter + inter + h + 4 * h  # MLP fc0/fc1 with biases, two LayerNorms
+    embed = h * 3 * vision.patch**2 + h + vision.pos_emb[0] * vision.pos_emb[1] * h
+    merged = vision.projector_hidden * vision.merge[0] * vision.merge[1]
+    text = vision.text_hidden
+    projector = 2 * vision.projector_hidden + merged * merged + merged + text * merged + text
+    return 2 * (vision.layers * per_block + 2 * h + embed + projector)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -526,7 +630,11 @@ class Plan:
 
     Byte figures are for one GPU of the heaviest pipeline stage (``weights_*``) or of the stage with
     the fewest KV tokens (``kv_*``); ``experts_per_gpu`` counts whole-expert equivalents (48 for
-    --tp-size 8 whether experts are whole or split); ``suggested_*`` is set when GPUs sit idle.
+    --tp-size 8 whether experts are whole or split); ``suggested_flags``/``suggested_profile`` are set
+    when GPUs sit idle. ``sglang_default_mem_fraction_static`` is what SGLang would pick with the flag
+    unset, ``max_mem_fraction_static`` the most that keeps SGLang's own reserve for activations and CUDA
+    graphs outside the pool, and ``suggested_mem_fraction_static`` the planner's choice when the default
+    leaves too few KV tokens (None when the default is enough or nothing fits).
     """
 
     layout: Layout
@@ -541,6 +649,9 @@ class Plan:
     weights_breakdown: dict[str, int] = field(default_factory=dict)
     experts_per_gpu: float = 0.0
     mem_fraction_static: float = 0.0
+    sglang_default_mem_fraction_static: float = 0.0
+    max_mem_fraction_static: float = 0.0
+    suggested_mem_fraction_static: float | None = None
     kv_pool_bytes: int = 0
     kv_bytes_per_token: int = 0
     kv_tokens: int = 0
@@ -605,8 +716,9 @@ def plan(
 
     ``layout`` is a Layout or a flag mapping (``{"tp_size": 8, "ep_size": 4}``); ``catalog`` maps profile
     names to profiles (or bare flag mappings) and is used only to name the profile an operator probably
-    meant; ``smi_memory_mib`` is nvidia-smi's memory.total, which SGLang's heuristic reads (defaults
-    to the PyTorch figure in MiB).
+    meant; ``smi_memory_mib`` is nvidia-smi's memory.total, which SGLang's default mem fraction is sized
+    from (97887 on an RTX PRO 6000; defaults to the PyTorch figure in MiB, which gives the same three
+    decimals there).
     """
     shape = config if isinstance(config, ModelShape) else model_shape(config)
     if not isinstance(layout, Layout):
@@ -630,27 +742,40 @@ def plan(
         return invalid(" ".join(problems))
 
     gpu_mem_mib = smi_memory_mib if smi_memory_mib else gpu_memory_gib * 1024
-    frac = layout.mem_fraction_static
-    if frac is None:
-        frac = default_mem_fraction_static(gpu_mem_mib, layout, shape.vision)
+    sglang_default = default_mem_fraction_static(gpu_mem_mib, layout, shape.vision)
+    ceiling = max_mem_fraction_static(gpu_mem_mib, layout, shape.multimodal)
+    frac = float(layout.mem_fraction_static) if layout.mem_fraction_static is not None else sglang_default
     free_at_init = (gpu_memory_gib - INIT_OVERHEAD_GIB) * GIB
 
     stages = [stage_weight_bytes(shape, layout, s) for s in range(layout.pp)]
     split = pp_layer_split(shape.num_layers, layout.pp)
-    kv_bytes_per_layer = (shape.kv_lora_rank + shape.qk_rope_head_dim) * _KV_DTYPE_BYTES[
-        layout.kv_cache_dtype
-    ]
-    # SGLang sizes one pool for the whole model; the rank with least room decides the token count.
-    pools = [free_at_init * frac - sum(parts.values()) for parts in stages]
-    kv_tokens_by_stage = [
-        int(max(pool, 0) // (kv_bytes_per_layer * split[s])) for s, pool in enumerate(pools)
-    ]
-    heaviest = max(range(layout.pp), key=lambda s: sum(stages[s].values()))
+    kv_bytes_per_layer = kv_bytes_per_token_layer(shape, layout.kv_cache_dtype)
+    stage_weights = [sum(parts.values()) for parts in stages]
+
+    def tokens_by_stage(fraction: float) -> list[int]:
+        # SGLang sizes one pool for the whole model; the rank with least room decides the token count.
+        return [
+            int(max(free_at_init * fraction - w, 0) // (kv_bytes_per_layer * split[s]))
+            for s, w in enumerate(stage_weights)
+        ]
+
+    pools = [free_at_init * frac - w for w in stage_weights]
+    kv_tokens_by_stage = tokens_by_stage(frac)
+    heaviest = max(range(layout.pp), key=lambda s: stage_weights[s])
     if min(pools) <= 0:
         tightest = min(range(layout.pp), key=lambda s: pools[s])
     else:
         tightest = min(range(layout.pp), key=lambda s: kv_tokens_by_stage[s])
-    weights = sum(stages[heaviest].values())
+    weights = stage_weights[heaviest]
+    wanted_tokens = max(TIGHT_MIN_KV_TOKENS, layout.context_length or 0)
+    # The fraction the planner would set: the least (to 0.01) that holds the wanted tokens on every stage,
+    # never above the ceiling that keeps SGLang's reserve; the ceiling itself when even that falls short.
+    needed = max(
+        (w + wanted_tokens * kv_bytes_per_layer * split[s]) / free_at_init for s, w in enumerate(stage_weights)
+    )
+    chosen = min(_ceil_hundredth(needed), ceiling)
+    if weights >= free_at_init * ceiling or min(tokens_by_stage(sglang_default)) >= wanted_tokens:
+        chosen = None
     result = Plan(
         layout=layout,
         gpus_available=gpus,
@@ -664,6 +789,9 @@ def plan(
         weights_breakdown=dict(stages[heaviest]),
         experts_per_gpu=shape.n_routed_experts / layout.ep / layout.moe_tp,
         mem_fraction_static=round(frac, 3),
+        sglang_default_mem_fraction_static=round(sglang_default, 3),
+        max_mem_fraction_static=ceiling,
+        suggested_mem_fraction_static=chosen,
         kv_pool_bytes=int(max(pools[tightest], 0)),
         kv_bytes_per_token=kv_bytes_per_layer * split[tightest],
         kv_tokens=kv_tokens_by_stage[tightest],
@@ -683,6 +811,8 @@ def plan(
 
     routed = stages[heaviest].get("routed_experts", 0)
     where = f" on pipeline stage {heaviest}" if layout.pp > 1 else ""
+    default_words = _default_words(ceiling, shape.vision)
+    reserve = _gib(reserved_memory_mib(gpu_mem_mib, layout, shape.multimodal) * MIB)
     if weights > free_at_init:
         result.verdict = "oom"
         result.reason = (
@@ -691,38 +821,67 @@ def plan(
             f"runs out of memory. {idle}"
         ).strip()
         return result
+    fix = (
+        f" Set mem_fraction_static {chosen:.2f} in the profile: the least that holds {wanted_tokens:,} tokens "
+        f"while SGLang keeps its {reserve} for activations and CUDA graphs (up to {ceiling:.3f} does)."
+        if chosen is not None and layout.mem_fraction_static is None
+        else ""
+    )
     if pools[tightest] <= 0:
-        needed = weights / free_at_init
+        at_least = weights / free_at_init
+        origin = f"SGLang's default: {default_words}" if layout.mem_fraction_static is None else "set by the profile"
         result.verdict = "oom"
         result.reason = (
-            f"Weights ({_gib(weights)} per GPU{where}) exceed the static pool "
-            f'({frac:.3f} of {_gib(free_at_init)}), so SGLang stops with "Not enough memory" when it '
-            f"sizes the KV cache; --mem-fraction-static above {needed:.3f} would leave room. {idle}"
+            f"Weights ({_gib(weights)} per GPU{where}) exceed the static pool, {_gib(free_at_init * frac)} at "
+            f"mem fraction {frac:.3f} ({origin}), "
+            f'so SGLang stops with "Not enough memory" when it sizes the KV cache; --mem-fraction-static '
+            f"above {at_least:.3f} would leave room.{fix} {idle}"
         ).strip()
         return result
 
-    wanted_tokens = max(TIGHT_MIN_KV_TOKENS, layout.context_length or 0)
-    outside = free_at_init * (1 - frac)
-    needed_outside = reserved_memory_mib(gpu_mem_mib, layout) * MIB
     summary = (
         f"{_gib(weights)} of weights per GPU{where}, KV pool {_gib(pools[tightest])} for "
-        f"{result.kv_tokens:,} tokens at mem fraction {frac:.3f}."
+        f"{result.kv_tokens:,} tokens at mem fraction {frac:.3f}"
     )
+    if layout.mem_fraction_static is None:
+        summary += f" (SGLang's default: {default_words})."
+    else:
+        default_tokens = min(tokens_by_stage(sglang_default))
+        summary += (
+            f", set by the profile; SGLang's default, {sglang_default:.3f} ({default_words}), would leave "
+            f"{default_tokens:,} tokens."
+        )
+        if frac <= ceiling:
+            summary += f" Up to {ceiling:.3f} keeps SGLang's {reserve} for activations and CUDA graphs."
     if result.kv_tokens < wanted_tokens:
         result.verdict = "tight"
         result.reason = (
-            f"{summary} That is fewer than {wanted_tokens:,} tokens, so few long requests fit. {idle}"
+            f"{summary} That is fewer than {wanted_tokens:,} tokens, so few long requests fit.{fix} {idle}"
         )
-    elif layout.mem_fraction_static is not None and outside < needed_outside:
+    elif frac > ceiling:
         result.verdict = "tight"
         result.reason = (
-            f"{summary} Only {_gib(outside)} stays outside the pool for activations and CUDA graphs where "
-            f"SGLang's own heuristic keeps {_gib(needed_outside)}. {idle}"
+            f"{summary} Above {ceiling:.3f} less stays outside the pool for activations and CUDA graphs than "
+            f"the {reserve} SGLang's own heuristic keeps. {idle}"
         )
     else:
         result.reason = f"{summary} {idle}"
     result.reason = result.reason.strip()
     return result
+
+
+def _ceil_hundredth(value: float) -> float:
+    return -(-round(value * 100, 6) // 1) / 100
+
+
+def _default_words(ceiling: float, vision: VisionTower | None) -> str:
+    """Where SGLang's default fraction comes from, e.g. "0.848 x 0.910 for a 27-layer, 1152-wide vision tower"."""
+    if vision is None:
+        return "no vision tower"
+    return (
+        f"{ceiling:.3f} x {vlm_mem_fraction_factor(vision):.3f} for a {vision.layers}-layer, "
+        f"{vision.hidden}-wide vision tower"
+    )
 
 
 def _model_problems(shape: ModelShape, layout: Layout) -> list[str]:

@@ -6,9 +6,11 @@ fallback ladder and the attempts made so far (each with its outcome), ``next_ste
 
 - a weight-load (or runtime) OOM: the layout cannot hold the model here; move down the ladder;
 - a KV-pool OOM: retune the same layout once with a higher ``--mem-fraction-static`` (weights are
-  already loaded by then, so the pool is what ran short), then move down the ladder;
+  already loaded by then, so the pool is what ran short): the largest the planner allows on these GPUs,
+  one that keeps SGLang's own reserve for activations and CUDA graphs; then move down the ladder;
 - a CUDA-graph OOM: retune once with a smaller ``--cuda-graph-max-bs``, then move down;
-- a hang: retry once with the ``pcie_shm`` NCCL set (P2P off), then move down;
+- a hang: retry once with the ``pcie_shm`` NCCL set (P2P off), plus ``--disable-custom-all-reduce``
+  where SGLang's custom all-reduce would still use P2P (a TP or MoE group of two GPUs), then move down;
 - any other crash (NCCL error, port in use, bad weights, driver, args mismatch): not a layout
   problem; restore the last unit that served, no ladder.
 
@@ -20,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+try:  # as moefleet.logic.rollback (CLI) or ansible.module_utils.rollback (modules)
+    from . import planner
+except ImportError:  # as a bare module: the filter plugin puts module_utils on sys.path
+    import planner  # type: ignore[no-redef]
+
 SHM_NCCL_SET = "pcie_shm"
-# Retuning after a KV-pool OOM: raise the fraction by this much, never above the cap (SGLang needs
-# the rest for activations and CUDA graphs).
-MEM_FRACTION_STEP = 0.04
-MEM_FRACTION_CAP = 0.93
-# Assumed starting fraction when the profile leaves it to SGLang's default (about 0.8 on 96 GB cards).
-MEM_FRACTION_ASSUMED_DEFAULT = 0.80
 # Retuning after a CUDA-graph OOM: halve the batch sizes captured; start here when the profile has none.
 CUDA_GRAPH_BS_START = 64
 
@@ -98,12 +99,14 @@ def next_step(
     attempts: Sequence[Mapping[str, Any]],
     catalog: Mapping[str, Any],
     profile_flags: Mapping[str, Any] | None = None,
+    gpu_memory_mib: float | None = None,
 ) -> dict[str, Any]:
     """``{"action": "done"|"start"|"restore", "attempt": {...}, "reason": sentence}``.
 
     ``attempts`` are in order, each an attempt with its ``outcome`` (``state``, ``phase``, ``cause``).
     ``profile_flags`` are the current attempt's effective flags (profile flags with tuning), used to
-    retune from the value actually run.
+    retune from the value actually run. ``gpu_memory_mib`` is nvidia-smi's memory.total of the host's
+    GPUs, which the KV-pool retune is sized from; without it that retune is skipped.
     """
     if not ladder:
         raise RollbackError("The fallback ladder is empty: the requested profile must be its first rung.")
@@ -118,14 +121,14 @@ def next_step(
     name = current.get("profile")
     if state == "ready":
         return {"action": "done", "reason": f"{name} serves."}
+    try:
+        layout = planner.Layout.from_flags(flags)
+    except (TypeError, ValueError):
+        layout = None
     if state == "oom" and phase == "kv_cache" and not _retuned(attempts, current, "retune_kv"):
-        fraction = float(flags.get("mem_fraction_static") or MEM_FRACTION_ASSUMED_DEFAULT)
-        raised = round(min(fraction + MEM_FRACTION_STEP, MEM_FRACTION_CAP), 3)
-        if raised > fraction:
-            tuning = {**(current.get("tuning") or {}), "mem_fraction_static": raised}
-            return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_kv"},
-                    "reason": f"{name} ran out of memory sizing the KV pool; retrying it once with "
-                              f"--mem-fraction-static {raised}."}
+        step = _kv_retune(current, flags, layout, gpu_memory_mib)
+        if step is not None:
+            return step
     if state == "oom" and phase == "cuda_graph" and not _retuned(attempts, current, "retune_cuda_graph"):
         bs = flags.get("cuda_graph_max_bs")
         smaller = max(1, int(bs) // 2) if bs else CUDA_GRAPH_BS_START
@@ -134,10 +137,17 @@ def next_step(
                 "reason": f"{name} ran out of memory capturing CUDA graphs; retrying it once with "
                           f"--cuda-graph-max-bs {smaller}."}
     if state == "hung" and current.get("nccl_set") != SHM_NCCL_SET and not _retuned(attempts, current, "nccl_shm"):
+        pairs = planner.custom_all_reduce_pairs(layout) if layout is not None else []
+        tuning = dict(current.get("tuning") or {})
+        also = ""
+        if pairs:
+            tuning["disable_custom_all_reduce"] = True
+            also = (f" and --disable-custom-all-reduce (SGLang's custom all-reduce uses P2P in {' and '.join(pairs)} "
+                    "of two GPUs whatever NCCL is told)")
         return {"action": "start",
-                "attempt": {**current, "nccl_set": SHM_NCCL_SET, "remedy": "nccl_shm"},
+                "attempt": {**current, "nccl_set": SHM_NCCL_SET, "tuning": tuning, "remedy": "nccl_shm"},
                 "reason": f"{name} hung in {phase or 'start-up'}; retrying it once with NCCL P2P off "
-                          f"({SHM_NCCL_SET})."}
+                          f"({SHM_NCCL_SET}){also}."}
     if state in ("oom", "hung"):
         what = f"{name} {'ran out of memory' if state == 'oom' else 'hung'}" + (f" ({phase})" if phase else "")
         return _down_the_ladder(ladder, attempts, catalog, what)
@@ -145,6 +155,27 @@ def next_step(
     return {"action": "restore",
             "reason": f"{name} failed to start ({cause}), which another layout would not fix; "
                       "restoring the last unit that served."}
+
+
+def _kv_retune(current: Mapping[str, Any], flags: Mapping[str, Any], layout: Any,
+               gpu_memory_mib: float | None) -> dict[str, Any] | None:
+    """The retune after a KV-pool OOM: the same layout at the largest --mem-fraction-static that keeps
+    SGLang's reserve for activations and CUDA graphs (planner.max_mem_fraction_static). The rollback does not
+    read the model, so it counts the reserve for piecewise CUDA graphs wherever the layout allows them.
+    None when that is no higher than what ran, or when it cannot be sized."""
+    if layout is None or not gpu_memory_mib:
+        return None
+    ceiling = planner.max_mem_fraction_static(float(gpu_memory_mib), layout, multimodal=False)
+    ran = flags.get("mem_fraction_static")
+    default = planner.default_mem_fraction_static(float(gpu_memory_mib), layout)
+    if ceiling <= float(ran if ran is not None else default):
+        return None
+    name = current.get("profile")
+    tuning = {**(current.get("tuning") or {}), "mem_fraction_static": ceiling}
+    return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_kv"},
+            "reason": f"{name} ran out of memory sizing the KV pool; retrying it once with "
+                      f"--mem-fraction-static {ceiling}, the most that keeps SGLang's reserve for activations "
+                      "and CUDA graphs on these GPUs."}
 
 
 def summarize(requested: str, attempts: Sequence[Mapping[str, Any]], restored: str | None = None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def test_whole_catalog_fits_and_prints_a_table(capsys):
     code, out, err = run(capsys)
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[1].split() == ["profile", "flags", "gpus", "weights/GPU", "KV", "tokens", "verdict"]
+    assert lines[1].split() == ["profile", "flags", "gpus", "weights/GPU", "mem", "fraction", "KV", "tokens", "verdict"]
     names = [line.split()[0] for line in lines[3:11]]
     assert names == ["tp8", "ep8", "tp2ep4", "tp4ep2", "pp8", "tp2pp4", "tp4pp2", "ep8dpa"]
     assert "--tp-size 8 --ep-size 4" in out
@@ -38,8 +38,23 @@ def test_json_shape(capsys):
     for row in rows:
         for key in ("profile", "flags", "gpus_used", "weights_gib_per_gpu", "kv_tokens", "verdict", "reason"):
             assert key in row
-    assert rows[0]["flags"] == {"tp_size": 8, "ep_size": 4}
+    assert rows[0]["flags"] == {"tp_size": 8, "ep_size": 4, "mem_fraction_static": 0.79}
     assert rows[0]["weights_gib_per_gpu"] == pytest.approx(rows[0]["weights_bytes_per_gpu"] / 2**30, abs=0.01)
+
+
+def test_adhoc_tp8_reports_sglangs_default_fraction_and_the_one_to_set(capsys):
+    # SGLang 0.5.10 builds KimiK25VisionConfig (27 layers, 1152 wide): 0.848 x 0.95 x 0.9576 = 0.771.
+    code, out, _ = run(capsys, "--tp", "8", "--gpu-memory-total-mib", "97887", "--json")
+    (row,) = json.loads(out)
+    assert code == 1 and row["verdict"] == "oom"
+    assert row["mem_fraction_static"] == row["sglang_default_mem_fraction_static"] == 0.771
+    assert row["suggested_mem_fraction_static"] == 0.8 and row["max_mem_fraction_static"] == 0.848
+    assert "Set mem_fraction_static 0.80 in the profile" in row["reason"]
+
+
+def test_gpu_memory_total_below_the_pytorch_figure_is_bad_input(capsys):
+    code, _, err = run(capsys, "--gpu-memory-total-mib", "9000")
+    assert code == 2 and "nvidia-smi's memory.total" in err
 
 
 def test_seed_layout_exits_1_and_names_the_profile(capsys):
@@ -110,7 +125,8 @@ def test_bad_catalog_prints_path_and_message(capsys, tmp_path):
 def test_extra_profiles_are_planned(capsys, tmp_path):
     extra = tmp_path / "extra.yml"
     extra.write_text(
-        "mine:\n  description: TP8 with an FP8 KV cache.\n  flags: {tp_size: 8, kv_cache_dtype: fp8_e4m3}\n"
+        "mine:\n  description: TP8 with an FP8 KV cache.\n"
+        "  flags: {tp_size: 8, mem_fraction_static: 0.8, kv_cache_dtype: fp8_e4m3}\n"
         "  gpus: 8\n  nccl: pcie_shm\n  fallback: ep8\n"
     )
     code, out, _ = run(capsys, "--extra-profiles", str(extra), "--profile", "mine", "--json")

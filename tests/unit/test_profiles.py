@@ -37,7 +37,8 @@ def test_every_shipped_profile_validates_on_its_own(name):
 
 
 def test_required_profiles_ship_with_sglang_semantics():
-    flags = {name: p["flags"] for name, p in CATALOG["profiles"].items()}
+    parallel = ("tp_size", "ep_size", "pp_size", "dp_size")
+    flags = {name: {k: v for k, v in p["flags"].items() if k in parallel} for name, p in CATALOG["profiles"].items()}
     assert flags["tp8"] == {"tp_size": 8}
     assert flags["ep8"] == {"tp_size": 8, "ep_size": 8}
     assert flags["tp2ep4"] == {"tp_size": 8, "ep_size": 4}
@@ -45,15 +46,42 @@ def test_required_profiles_ship_with_sglang_semantics():
     assert flags["pp8"]["pp_size"] == 8
     assert (flags["tp4pp2"]["tp_size"], flags["tp4pp2"]["pp_size"]) == (4, 2)
     assert (flags["tp2pp4"]["tp_size"], flags["tp2pp4"]["pp_size"]) == (2, 4)
-    assert flags["ep8dpa"]["enable_dp_attention"] is True
+    assert CATALOG["profiles"]["ep8dpa"]["flags"]["enable_dp_attention"] is True
 
 
-def _plans():
-    return dict(planner.plan_many(K26, 8, 94.97, {n: p["flags"] for n, p in CATALOG["profiles"].items()}))
+# nvidia-smi's memory.total of an RTX PRO 6000, from which SGLang sizes its default mem fraction.
+SMI_MIB = 97887
 
 
-def test_every_shipped_profile_fits_k26_on_eight_rtx_pro_6000():
+def _plans(smi_memory_mib=SMI_MIB):
+    layouts = {n: p["flags"] for n, p in CATALOG["profiles"].items()}
+    return dict(planner.plan_many(K26, 8, 94.97, layouts, smi_memory_mib=smi_memory_mib))
+
+
+def test_a_profile_sets_mem_fraction_exactly_where_sglangs_default_leaves_too_few_tokens():
+    # SGLang's default for K2.6 (about 0.771, its vision tower taking 9%) holds fewer than 32,768 KV tokens
+    # for every layout here; each profile then carries the fraction the planner chooses, nothing else.
+    for name, profile in CATALOG["profiles"].items():
+        flags = {k: v for k, v in profile["flags"].items() if k != "mem_fraction_static"}
+        default = planner.plan(K26, 8, 94.97, flags, smi_memory_mib=SMI_MIB)
+        assert default.sglang_default_mem_fraction_static == pytest.approx(0.771, abs=0.007), name
+        assert default.verdict in ("oom", "tight"), (name, default.reason)
+        if default.suggested_mem_fraction_static is None:  # nothing within SGLang's reserve holds the weights
+            assert profile["flags"]["mem_fraction_static"] > default.max_mem_fraction_static, name
+        else:
+            assert profile["flags"]["mem_fraction_static"] == default.suggested_mem_fraction_static, name
+
+
+def test_profiles_with_a_chosen_fraction_fit_and_keep_sglangs_reserve():
     for name, result in _plans().items():
+        if result.layout.mem_fraction_static <= result.max_mem_fraction_static:
+            assert result.verdict == "fits", (name, result.reason)
+            assert "set by the profile" in result.reason and "would leave" in result.reason, name
+
+
+@pytest.mark.parametrize("smi_memory_mib", [SMI_MIB, None])
+def test_every_shipped_profile_fits_k26_on_eight_rtx_pro_6000(smi_memory_mib):
+    for name, result in _plans(smi_memory_mib).items():
         assert result.verdict in ("fits", "tight"), (name, result.reason)
         assert result.gpus_used == CATALOG["profiles"][name]["gpus"] == 8
 
@@ -145,7 +173,9 @@ def test_ladders_follow_fallbacks_to_null():
 
 
 def test_sglang_args_come_from_profile_data_in_order():
-    assert profiles.sglang_args(CATALOG["profiles"]["tp2ep4"]) == ["--tp-size", "8", "--ep-size", "4"]
+    assert profiles.sglang_args(CATALOG["profiles"]["tp2ep4"]) == [
+        "--tp-size", "8", "--ep-size", "4", "--mem-fraction-static", "0.79",
+    ]  # fmt: skip
     assert profiles.sglang_args(CATALOG["profiles"]["ep8dpa"]) == [
         "--tp-size", "8", "--ep-size", "8", "--dp-size", "8", "--enable-dp-attention",
         "--mem-fraction-static", "0.92", "--cuda-graph-max-bs", "64",
@@ -182,3 +212,22 @@ def test_catalog_descriptions_quote_what_the_planner_computes():
             assert float(value) == pytest.approx(result.kv_pool_bytes / planner.GIB, abs=0.051), (name, text)
             quoted += 1
     assert quoted >= len(CATALOG["profiles"])
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "float16"])
+def test_a_kv_cache_dtype_sglang_rejects_is_refused_naming_the_valid_ones(dtype):
+    # SGLang 0.5.10's --kv-cache-dtype choices (server_args.py): auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16, fp4_e2m1.
+    valid = "auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16, fp4_e2m1"
+    problems = profiles.flag_problems("mine", {"flags": {"tp_size": 8, "kv_cache_dtype": dtype}, "gpus": 8})
+    assert problems == [
+        f"profiles/mine/flags: --kv-cache-dtype {dtype!r} is not one SGLang accepts; use one of {valid}."
+    ]
+    extra = {"mine": {**CATALOG["profiles"]["tp8"], "flags": {"tp_size": 8, "kv_cache_dtype": dtype}}}
+    with pytest.raises(ProfileError, match="fp4_e2m1"):
+        profiles.validate_catalog(profiles.merge_catalog(CATALOG, extra), SCHEMA)
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e5m2", "fp4_e2m1", "bf16"])
+def test_every_kv_cache_dtype_sglang_accepts_passes_validation(dtype):
+    extra = {"mine": {**CATALOG["profiles"]["tp8"], "flags": {"tp_size": 8, "kv_cache_dtype": dtype}}}
+    profiles.validate_catalog(profiles.merge_catalog(CATALOG, extra), SCHEMA)

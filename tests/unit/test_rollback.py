@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from moefleet.logic import rollback
 from moefleet.logic.profiles import fallback_ladder
 from moefleet.logic.rollback import (
     CUDA_GRAPH_BS_START,
-    MEM_FRACTION_ASSUMED_DEFAULT,
-    MEM_FRACTION_CAP,
     SHM_NCCL_SET,
     RollbackError,
     attempt_only,
@@ -34,6 +31,11 @@ OOM_KV = {"state": "oom", "phase": "kv_cache", "cause": None}
 OOM_GRAPH = {"state": "oom", "phase": "cuda_graph", "cause": None}
 OOM_RUNTIME = {"state": "oom", "phase": "runtime", "cause": None}
 HUNG = {"state": "hung", "phase": "nccl_init", "cause": None}
+# nvidia-smi's memory.total of an RTX PRO 6000 Blackwell.
+SMI_MIB = 97887
+# SGLang's reserve at TP8 on it (server_args._handle_gpu_memory_settings): 512 + 8192 x 1.5 + 512 x 2
+# + 1024, plus 1.5 GiB for piecewise CUDA graphs, which the rollback assumes (it does not read the model).
+TP8_CEILING = round((SMI_MIB - (512 + 8192 * 1.5 + 512 * 2 + 1024 + 1536)) / SMI_MIB, 3)
 READY = {"state": "ready", "phase": None, "cause": None}
 
 
@@ -81,43 +83,55 @@ def test_weight_load_oom_is_not_retuned_with_a_higher_mem_fraction():
     assert step["attempt"]["profile"] != "tp4ep2"
 
 
-def test_kv_oom_retunes_once_from_the_assumed_default_fraction():
-    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), OOM_KV)], CATALOG, {"tp_size": 8, "ep_size": 4})
-    assert MEM_FRACTION_ASSUMED_DEFAULT == 0.80
+def test_kv_oom_retunes_once_to_the_planners_ceiling():
+    flags = CATALOG["profiles"]["tp2ep4"]["flags"]  # mem_fraction_static 0.79
+    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), OOM_KV)], CATALOG, flags, SMI_MIB)
+    assert TP8_CEILING == 0.833
     assert step["action"] == "start"
     assert step["attempt"]["profile"] == "tp2ep4"
-    assert step["attempt"]["tuning"] == {"mem_fraction_static": 0.84}
+    assert step["attempt"]["tuning"] == {"mem_fraction_static": TP8_CEILING}
     assert step["attempt"]["remedy"] == "retune_kv"
     assert step["attempt"]["nccl_set"] == "pcie_p2p"
-    assert "--mem-fraction-static 0.84" in step["reason"]
+    assert f"--mem-fraction-static {TP8_CEILING}" in step["reason"]
 
 
-def test_kv_oom_retune_starts_from_the_profiles_own_fraction_and_stops_at_the_cap():
-    flags = CATALOG["profiles"]["ep8dpa"]["flags"]  # mem_fraction_static 0.92
-    step = next_step(ladder("ep8dpa"), [failed(start("ep8dpa"), OOM_KV)], CATALOG, flags)
-    assert step["attempt"]["tuning"] == {"mem_fraction_static": MEM_FRACTION_CAP} == {"mem_fraction_static": 0.93}
+def test_kv_oom_retune_follows_the_gpu_size_not_a_fixed_step():
+    flags = {"tp_size": 8, "ep_size": 4, "mem_fraction_static": 0.79}
+    small = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), OOM_KV)], CATALOG, flags, 81559)  # H100 80 GB
+    big = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), OOM_KV)], CATALOG, flags, 143771)  # H200
+    # The same 16 GiB reserve is a larger share of a smaller GPU.
+    assert small["attempt"]["tuning"]["mem_fraction_static"] == round((81559 - 16384) / 81559, 3) == 0.799
+    assert big["attempt"]["tuning"]["mem_fraction_static"] == round((143771 - 16384) / 143771, 3) == 0.886
 
 
-def test_kv_oom_at_the_cap_already_goes_down_the_ladder():
-    flags = {**CATALOG["profiles"]["ep8dpa"]["flags"], "mem_fraction_static": 0.93}
-    step = next_step(ladder("ep8dpa"), [failed(start("ep8dpa"), OOM_KV)], CATALOG, flags)
+def test_kv_oom_at_or_above_the_ceiling_goes_down_the_ladder():
+    flags = CATALOG["profiles"]["ep8dpa"]["flags"]  # mem_fraction_static 0.92, above what keeps the reserve
+    step = next_step(ladder("ep8dpa"), [failed(start("ep8dpa"), OOM_KV)], CATALOG, flags, SMI_MIB)
     assert step["action"] == "start"
+    assert step["attempt"]["profile"] == "ep8" and step["attempt"]["remedy"] == "fallback"
+
+
+def test_kv_oom_without_the_gpu_memory_goes_down_the_ladder():
+    flags = CATALOG["profiles"]["tp2ep4"]["flags"]
+    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), OOM_KV)], CATALOG, flags)
     assert step["attempt"]["profile"] == "ep8" and step["attempt"]["remedy"] == "fallback"
 
 
 def test_kv_oom_after_the_retune_goes_to_the_next_rung():
     first = failed(start("tp2ep4"), OOM_KV)
-    retuned = next_step(ladder("tp2ep4"), [first], CATALOG)["attempt"]
-    step = next_step(ladder("tp2ep4"), [first, failed(retuned, OOM_KV)], CATALOG)
+    flags = CATALOG["profiles"]["tp2ep4"]["flags"]
+    retuned = next_step(ladder("tp2ep4"), [first], CATALOG, flags, SMI_MIB)["attempt"]
+    step = next_step(ladder("tp2ep4"), [first, failed(retuned, OOM_KV)], CATALOG, flags, SMI_MIB)
     assert step["action"] == "start"
     assert step["attempt"] == {"profile": "ep8", "tuning": {}, "nccl_set": "pcie_p2p", "remedy": "fallback"}
     assert step["reason"] == "tp2ep4 ran out of memory (kv_cache); falling back to ep8."
 
 
 def test_kv_retune_uses_the_tuning_the_attempt_ran_with():
-    current = {**start("tp2ep4"), "tuning": {"mem_fraction_static": 0.85}, "outcome": OOM_KV}
-    step = next_step(ladder("tp2ep4"), [current], CATALOG, {"tp_size": 8, "mem_fraction_static": 0.7})
-    assert step["attempt"]["tuning"] == {"mem_fraction_static": 0.89}
+    # The attempt already ran at the ceiling (its tuning wins over the profile's 0.7): nothing left to raise.
+    current = {**start("tp2ep4"), "tuning": {"mem_fraction_static": TP8_CEILING}, "outcome": OOM_KV}
+    step = next_step(ladder("tp2ep4"), [current], CATALOG, {"tp_size": 8, "mem_fraction_static": 0.7}, SMI_MIB)
+    assert step["attempt"]["remedy"] == "fallback"
 
 
 def test_cuda_graph_oom_halves_the_profiles_batch_once():
@@ -146,21 +160,41 @@ def test_cuda_graph_oom_after_the_retune_goes_to_the_next_rung():
 
 def test_a_kv_retune_does_not_use_up_the_cuda_graph_retune():
     first = failed(start("tp2ep4"), OOM_KV)
-    retuned = next_step(ladder("tp2ep4"), [first], CATALOG)["attempt"]
+    retuned = next_step(ladder("tp2ep4"), [first], CATALOG, CATALOG["profiles"]["tp2ep4"]["flags"], SMI_MIB)["attempt"]
     step = next_step(ladder("tp2ep4"), [first, failed(retuned, OOM_GRAPH)], CATALOG)
     assert step["attempt"]["profile"] == "tp2ep4"
     assert step["attempt"]["remedy"] == "retune_cuda_graph"
     # the earlier tuning is kept alongside the new one
-    assert step["attempt"]["tuning"] == {"mem_fraction_static": 0.84, "cuda_graph_max_bs": 64}
+    assert step["attempt"]["tuning"] == {"mem_fraction_static": TP8_CEILING, "cuda_graph_max_bs": 64}
 
 
 def test_hang_retries_once_with_the_shm_nccl_set():
-    step = next_step(ladder("tp2ep4"), [failed(start("tp2ep4"), HUNG)], CATALOG)
+    step = next_step(ladder("tp8"), [failed(start("tp8"), HUNG)], CATALOG, CATALOG["profiles"]["tp8"]["flags"])
     assert step["action"] == "start"
-    assert attempt_only(step["attempt"]) == {"profile": "tp2ep4", "tuning": {}, "nccl_set": SHM_NCCL_SET}
+    assert attempt_only(step["attempt"]) == {"profile": "tp8", "tuning": {}, "nccl_set": SHM_NCCL_SET}
     assert step["attempt"]["remedy"] == "nccl_shm"
     assert SHM_NCCL_SET == "pcie_shm"
-    assert step["reason"] == "tp2ep4 hung in nccl_init; retrying it once with NCCL P2P off (pcie_shm)."
+    assert step["reason"] == "tp8 hung in nccl_init; retrying it once with NCCL P2P off (pcie_shm)."
+
+
+@pytest.mark.parametrize(
+    ("profile", "groups"),
+    [("tp2ep4", "the MoE TP group"), ("tp4ep2", "the MoE EP group"), ("tp2pp4", "the TP group")],
+)
+def test_hang_remedy_also_disables_custom_all_reduce_where_a_group_has_two_gpus(profile, groups):
+    # SGLang's custom all-reduce stays on P2P for groups of two PCIe GPUs (custom_all_reduce_utils.py).
+    flags = CATALOG["profiles"][profile]["flags"]
+    step = next_step(ladder(profile), [failed(start(profile), HUNG)], CATALOG, flags)
+    assert step["attempt"]["nccl_set"] == SHM_NCCL_SET
+    assert step["attempt"]["tuning"] == {"disable_custom_all_reduce": True}
+    assert "--disable-custom-all-reduce" in step["reason"] and groups in step["reason"]
+
+
+@pytest.mark.parametrize("profile", ["tp8", "ep8", "pp8", "tp4pp2", "ep8dpa"])
+def test_hang_remedy_leaves_custom_all_reduce_where_sglang_already_disables_it(profile):
+    flags = CATALOG["profiles"][profile]["flags"]
+    step = next_step(ladder(profile), [failed(start(profile), HUNG)], CATALOG, flags)
+    assert "disable_custom_all_reduce" not in step["attempt"]["tuning"]
 
 
 def test_hang_again_with_shm_goes_to_the_next_rung_with_its_own_nccl_set():
@@ -224,7 +258,7 @@ def test_the_whole_ladder_walked_by_weight_load_ooms_ends_in_restore():
 
 def test_last_rung_kv_oom_retunes_then_restores():
     attempts = [failed(start("ep8"), OOM_KV)]
-    step = next_step(["ep8"], attempts, CATALOG)
+    step = next_step(["ep8"], attempts, CATALOG, CATALOG["profiles"]["ep8"]["flags"], SMI_MIB)
     assert step["action"] == "start" and step["attempt"]["remedy"] == "retune_kv"
     attempts.append(failed(step["attempt"], OOM_KV))
     assert next_step(["ep8"], attempts, CATALOG)["action"] == "restore"
@@ -357,10 +391,6 @@ def test_history_has_one_entry_per_attempt_with_its_own_time_or_now():
         },
     ]
     assert history_entries([], now="NOW") == []
-
-
-def test_module_constants_the_tests_rely_on():
-    assert (rollback.MEM_FRACTION_STEP, rollback.MEM_FRACTION_CAP) == (0.04, 0.93)
 
 
 FELL_BACK = {
