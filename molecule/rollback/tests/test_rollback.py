@@ -44,7 +44,9 @@ def invocation(host) -> str:
 
 
 def test_weight_load_oom_falls_back_down_the_ladder(host):
-    rc, out, _ = deploy("profile=tp8", faults(("oom_weight_load", "tp8")))
+    # sglang_service_rollback=true as -e passes it: a string, which ansible-core 2.19 refuses as a bare
+    # conditional ("Conditionals must have a boolean result"), so the rescue must convert it.
+    rc, out, _ = deploy("profile=tp8", "sglang_service_rollback=true", faults(("oom_weight_load", "tp8")))
     assert rc == 0, out[-3000:]
     assert "DEGRADED" in out
     f = facts(host)
