@@ -1,6 +1,8 @@
 """The planner's verdict against what the simulator actually does with the same flags.
 
-For every profile of profiles/catalog.yml and the field's ad-hoc ``--tp-size 4 --ep-size 2`` (FACTS.md §1),
+For every profile of profiles/catalog.yml, the same TP8 and PP8 layouts at SGLang's default
+``--mem-fraction-static`` (about 0.771 for K2.6, whose KV pool then has no room), and the field's ad-hoc
+``--tp-size 4 --ep-size 2`` (FACTS.md §1),
 on the K2.6 config the lab serves and 8 simulated GPUs of 94.97 GiB: a layout the simulator loads and
 serves must be planned ``fits`` or ``tight``; one it runs out of memory on must be planned ``oom``. For
 the layouts that load, the planner's weights per GPU (heaviest pipeline stage) must be within
@@ -38,6 +40,7 @@ CATALOG = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())
 CONFIG = json.loads(K26_CONFIG.read_text())
 
 GPUS, GPU_GIB = 8, 94.97
+SMI_MIB = 97887  # nvidia-smi's memory.total, the simulator's default spec and what SGLang sizes its default from
 TIME_SCALE = "0.05"  # a full K2.6 start in about a second of wall time
 START_TIMEOUT = 30.0  # seconds for one simulated start to serve or die
 # Both count the tensors SGLang creates per rank (w_kc/w_vc copies and g_idx/sort_indices included); the
@@ -53,6 +56,8 @@ LOAD_END = re.compile(r"Load weight end\..*?mem usage=([0-9.]+) GB")
 KV_TOKENS = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
 
 LAYOUTS: dict[str, dict] = {name: dict(p["flags"]) for name, p in CATALOG["profiles"].items()}
+LAYOUTS["tp8 at SGLang's default fraction"] = {"tp_size": 8}
+LAYOUTS["pp8 at SGLang's default fraction"] = {"tp_size": 1, "pp_size": 8}
 LAYOUTS["adhoc --tp-size 4 --ep-size 2"] = {"tp_size": 4, "ep_size": 2}
 
 
@@ -81,7 +86,7 @@ def health(port: int) -> int | None:
 def run_sim(model_dir: Path, work: Path, flags: dict) -> dict:
     """Start the simulator with ``flags``; ``{"result": "serves"|"oom"|"other", "weights_gb", ...}``."""
     spec = work / "gpus.json"
-    spec.write_text(json.dumps({"count": GPUS, "torch_total_gib": GPU_GIB}))
+    spec.write_text(json.dumps({"count": GPUS, "torch_total_gib": GPU_GIB, "memory_total_mib": SMI_MIB}))
     state = work / "procs"
     state.mkdir(exist_ok=True)
     log = work / "server.log"
@@ -151,10 +156,13 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_planner_verdict_matches_the_simulator(name, model_dir, tmp_path):
     flags = LAYOUTS[name]
-    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"])
+    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB)
     sim = run_sim(model_dir, tmp_path, flags)
 
     assert sim["result"] in ("serves", "oom"), f"{name}: simulator neither served nor OOMed\n{sim['log_tail']}"
+    if "default fraction" in name:  # both must fail where real SGLang 0.5.10 fails: sizing the KV pool
+        assert sim["result"] == "oom" and "Not enough memory" in sim["log_tail"], sim["log_tail"]
+        assert planned.verdict == "oom" and "Not enough memory" in planned.reason
     if sim["result"] == "serves":
         assert planned.verdict in ("fits", "tight"), f"{name}: simulator serves, planner says {planned.reason}"
     else:
@@ -178,7 +186,7 @@ def test_planner_verdict_matches_the_simulator(name, model_dir, tmp_path):
 def test_the_field_oom_is_a_weight_load_oom_on_four_gpus(model_dir, tmp_path):
     """--tp-size 4 --ep-size 2 never reaches "Load weight end" and the planner names the full-host layout."""
     flags = LAYOUTS["adhoc --tp-size 4 --ep-size 2"]
-    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"])
+    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB)
     sim = run_sim(model_dir, tmp_path, flags)
     assert sim["result"] == "oom" and sim["weights_gb"] is None
     assert planned.gpus_used == 4 and planned.weights_gib_per_gpu > GPU_GIB
@@ -200,7 +208,7 @@ def main() -> None:
         for name, flags in LAYOUTS.items():
             work = Path(tmp) / re.sub(r"\W+", "_", name)
             work.mkdir()
-            planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"])
+            planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB)
             sim = run_sim(model, work, flags)
             sw = sim["weights_gb"]
             diff = f"{(planned.weights_gib_per_gpu - sw) / sw:+.1%}" if sw else "-"

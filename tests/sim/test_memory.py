@@ -58,10 +58,10 @@ def test_tp4_ep2_runs_out_of_memory_while_loading_with_pytorchs_message():
 
 
 @pytest.mark.parametrize("flags,ranks", [
-    (("--tp-size", "8"), 8),
-    (("--tp-size", "8", "--ep-size", "8"), 8),
-    (("--tp-size", "8", "--ep-size", "4"), 8),
-    (("--pp-size", "8"), 8),
+    (("--tp-size", "8", "--mem-fraction-static", "0.8"), 8),
+    (("--tp-size", "8", "--ep-size", "8", "--mem-fraction-static", "0.79"), 8),
+    (("--tp-size", "8", "--ep-size", "4", "--mem-fraction-static", "0.79"), 8),
+    (("--pp-size", "8", "--mem-fraction-static", "0.82"), 8),
 ])
 def test_layouts_that_fit(flags, ranks):
     pl = plan(*flags)
@@ -89,14 +89,63 @@ def test_pipeline_split_puts_remainder_on_last_stages_and_env_overrides():
         M.pp_partition(61, 2, {"SGLANG_PP_LAYER_PARTITION": "30,30"})
     names = [x.name for x in M.rank_tensors(CFG, M.enumerate_ranks(1, 8, 1, 1, False)[7], {})]
     assert any(n.endswith("lm_head.weight") for n in names)
-    assert not any("embed_tokens" in n or "vision_tower" in n for n in names)
+    assert not any("embed_tokens" in n for n in names)
+
+
+def test_vision_tower_is_built_on_every_pipeline_rank_with_its_attention_split_over_tp():
+    # KimiK25ForConditionalGeneration builds vision_tower and mm_projector on every rank (models/kimi_k25.py).
+    def tower(rank):
+        return {x.name: x for x in M.rank_tensors(CFG, rank, {}) if x.name.startswith(("vision_tower", "mm_projector"))}
+    pp8 = M.enumerate_ranks(1, 8, 1, 1, False)
+    assert {n: x.shape for n, x in tower(pp8[7]).items()} == {n: x.shape for n, x in tower(pp8[0]).items()}
+    tp8 = tower(M.enumerate_ranks(8, 1, 1, 1, False)[0])
+    assert tp8["vision_tower.encoder.blocks.0.wqkv.weight"].shape == (3 * 1152 // 8, 1152)
+    assert tp8["vision_tower.encoder.blocks.0.wo.weight"].shape == (1152, 1152 // 8)
+    assert tp8["vision_tower.encoder.blocks.0.wo.bias"].shape == (1152,)  # RowParallelLinear keeps it whole
+    assert tp8["vision_tower.encoder.blocks.0.mlp.fc0.weight"].shape == (4304, 1152)  # nn.Linear: whole
+    assert len([n for n in tp8 if n.endswith("wqkv.weight")]) == 27
+
+
+def test_kimi_vision_config_object_keeps_its_defaults_where_the_json_says_vt_star():
+    assert (CFG.vision["num_hidden_layers"], CFG.vision["hidden_size"]) == (27, 1152)
+    raw = json.loads(K26_CONFIG.read_text())
+    raw["vision_config"].update({"vt_num_hidden_layers": 12, "vt_hidden_size": 768})  # ignored by the tower
+    assert (M.parse_config(raw).vision["num_hidden_layers"], M.parse_config(raw).vision["hidden_size"]) == (27, 1152)
+    raw["vision_config"].update({"num_hidden_layers": 24, "hidden_size": 1024})  # SGLang's own names win
+    args = A.parse_args(["--model-path", "m", "--tp-size", "8"])
+    P.default_mem_settings(args, M.parse_config(raw), 97887)
+    assert args.mem_fraction_static == pytest.approx(0.848 * 0.95)
+
+
+def test_fp4_kv_cache_packs_two_values_a_byte_plus_scales():
+    assert M.kv_cell_bytes(CFG, 61, "fp4_e2m1") == 576 * 61 // 2 + 576 // 16 * 61
+    assert M.kv_cell_bytes(CFG, 61, "fp8_e5m2") == 576 * 61
+    assert M.kv_cell_bytes(CFG, 61, "bf16") == M.kv_cell_bytes(CFG, 61, "auto") == 576 * 61 * 2
 
 
 def test_default_mem_fraction_follows_server_args_formula():
     args = A.parse_args(["--model-path", "m", "--tp-size", "8"])
     P.default_mem_settings(args, CFG, 97887)
     assert args.chunked_prefill_size == 8192 and args.cuda_graph_max_bs == 512
-    assert args.mem_fraction_static == pytest.approx(0.848 * 0.95)  # VLM adjustment: K2.6 has a vision tower
+    # adjust_mem_fraction_for_vlm on KimiK25VisionConfig's 27 x 1152 tower: 0.95 x (1 - 0.1 x (1.3500 - 1))
+    assert args.mem_fraction_static == pytest.approx(0.848 * 0.95 * (1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1)))
+    assert round(args.mem_fraction_static, 3) == 0.771
+
+
+def test_text_only_default_reserves_for_piecewise_cuda_graphs():
+    raw = json.loads(K26_CONFIG.read_text())
+    cfg = M.parse_config(dict(raw["text_config"], quantization_config=raw["quantization_config"]))
+    args = A.parse_args(["--model-path", "m", "--tp-size", "8"])
+    P.default_mem_settings(args, cfg, 97887)
+    assert args.mem_fraction_static == round((97887 - 14848 - 1536) / 97887, 3) == 0.833
+    pp = A.parse_args(["--model-path", "m", "--tp-size", "4", "--pp-size", "2"])  # pp > 1: no piecewise graphs
+    P.default_mem_settings(pp, cfg, 97887)
+    assert pp.mem_fraction_static == round((97887 - 14848) / 97887, 3)
+
+
+def test_tp8_at_sglangs_default_fraction_runs_out_sizing_the_kv_pool():
+    kind, _ = fail_text(plan("--tp-size", "8"))  # 0.771 x free < 73.3 GiB of weights
+    assert kind == "kv"
 
 
 def test_kv_pool_failure_when_fraction_too_low():

@@ -12,6 +12,8 @@ import time
 import pytest
 
 PARENT_DIES = "Received sigquit from a child process. It usually means the child failed."
+# TP8 at the fraction its profile sets: at SGLang's default for K2.6 (0.771) the KV pool has no room.
+TP8 = ("--tp-size", "8", "--mem-fraction-static", "0.8")
 
 
 def test_unknown_flag_fails_like_argparse(lab):
@@ -55,10 +57,10 @@ def test_tp4_ep2_ooms_while_loading_and_the_group_dies_by_sigkill(lab):
 
 
 @pytest.mark.parametrize("flags,prefix", [
-    (("--tp-size", "8"), "TP7]"),
-    (("--tp-size", "8", "--ep-size", "8"), "TP7 EP7]"),
-    (("--tp-size", "8", "--ep-size", "4"), "TP7 EP3]"),
-    (("--pp-size", "8"), "PP7]"),
+    ((*TP8,), "TP7]"),
+    (("--tp-size", "8", "--ep-size", "8", "--mem-fraction-static", "0.79"), "TP7 EP7]"),
+    (("--tp-size", "8", "--ep-size", "4", "--mem-fraction-static", "0.79"), "TP7 EP3]"),
+    (("--pp-size", "8", "--mem-fraction-static", "0.82"), "PP7]"),
 ])
 def test_layouts_load_and_serve(lab, flags, prefix):
     srv = lab.start(*flags)
@@ -87,7 +89,7 @@ def test_layouts_load_and_serve(lab, flags, prefix):
 
 
 def test_port_listens_only_after_loading_then_503_until_ready(lab):
-    srv = lab.start("--tp-size", "8", env={"SGLANG_SIM_TIME_SCALE": "0.4"})
+    srv = lab.start(*TP8, env={"SGLANG_SIM_TIME_SCALE": "0.4"})
     seen_refused = seen_503 = False
     end = time.time() + 30
     while time.time() < end:
@@ -106,7 +108,7 @@ def test_port_listens_only_after_loading_then_503_until_ready(lab):
 
 def test_openai_client_chat_completion(lab):
     openai = pytest.importorskip("openai")
-    srv = lab.start("--tp-size", "8", "--ep-size", "4", "--served-model-name", "kimi-k2.6", "--api-key", "sk-lab",
+    srv = lab.start(*TP8, "--ep-size", "4", "--served-model-name", "kimi-k2.6", "--api-key", "sk-lab",
                     "--enable-metrics")
     srv.wait_ready()
     client = openai.OpenAI(base_url=srv.url("/v1"), api_key="sk-lab")
@@ -132,26 +134,26 @@ def test_openai_client_chat_completion(lab):
 # ------------------------------------------------------------------------------------------------ faults
 
 def test_fault_oom_weight_load(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "oom_weight_load", "profile": "tp8", "flags": {"tp_size": 8}}])
+    srv = lab.start(*TP8, faults=[{"fault": "oom_weight_load", "profile": "tp8", "flags": {"tp_size": 8}}])
     assert srv.wait_exit() == -signal.SIGKILL
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in srv.log
     assert "Load weight end." not in srv.log and PARENT_DIES in srv.log
 
 
 def test_fault_applies_only_to_matching_flags(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "crash", "flags": {"tp_size": 8, "ep_size": 4}}])
+    srv = lab.start(*TP8, faults=[{"fault": "crash", "flags": {"tp_size": 8, "ep_size": 4}}])
     srv.wait_ready()
 
 
 def test_fault_oom_kv_cache(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "oom_kv_cache"}])
+    srv = lab.start(*TP8, faults=[{"fault": "oom_kv_cache"}])
     assert srv.wait_exit() == -signal.SIGKILL
     assert "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static." in srv.log
     assert "Load weight end." in srv.log and PARENT_DIES in srv.log
 
 
 def test_fault_oom_cuda_graph(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "oom_cuda_graph"}])
+    srv = lab.start(*TP8, faults=[{"fault": "oom_cuda_graph"}])
     assert srv.wait_exit() == -signal.SIGKILL
     assert "Capture cuda graph begin." in srv.log
     assert "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate" in srv.log
@@ -159,14 +161,14 @@ def test_fault_oom_cuda_graph(lab):
 
 
 def test_fault_crash_is_an_nccl_error(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "crash"}])
+    srv = lab.start(*TP8, faults=[{"fault": "crash"}])
     assert srv.wait_exit() == -signal.SIGKILL
     assert "torch.distributed.DistBackendError: NCCL error in:" in srv.log
     assert "unhandled system error" in srv.log and PARENT_DIES in srv.log
 
 
 def test_fault_hang_stops_after_nccl_init_begins(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "hang"}])
+    srv = lab.start(*TP8, faults=[{"fault": "hang"}])
     time.sleep(1.5)
     assert srv.proc.poll() is None
     lines = [ln for ln in srv.log.splitlines() if ln.strip()]
@@ -176,7 +178,7 @@ def test_fault_hang_stops_after_nccl_init_begins(lab):
 
 
 def test_fault_port_in_use(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "port_in_use"}])
+    srv = lab.start(*TP8, faults=[{"fault": "port_in_use"}])
     assert srv.wait_exit() == 1
     assert (f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {srv.port}): "
             "address already in use") in srv.log
@@ -186,23 +188,23 @@ def test_real_port_conflict_fails_the_same_way(lab):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        srv = lab.start("--tp-size", "8", port=s.getsockname()[1])
+        srv = lab.start(*TP8, port=s.getsockname()[1])
         assert srv.wait_exit() == 1
         assert "[Errno 98] error while attempting to bind on address" in srv.log
 
 
 def test_fault_stale_gpu_process_survives_and_causes_the_next_oom(lab):
-    srv = lab.start("--tp-size", "8", faults=[{"fault": "stale_gpu_process", "gpus": [0, 1], "mib": 40960}])
+    srv = lab.start(*TP8, faults=[{"fault": "stale_gpu_process", "gpus": [0, 1], "mib": 40960}])
     assert srv.wait_exit() == -signal.SIGKILL
     assert "torch.OutOfMemoryError" in srv.log
     stale = lab.apps()
     assert len(stale) == 2 and {a[2] for a in stale} == {"40960 MiB"}
     pid = int(stale[0][0])
     assert f"Process {pid} has 40.00 GiB memory in use." in srv.log
-    again = lab.start("--tp-size", "8")  # no fault this time: the leftover alone makes it OOM
+    again = lab.start(*TP8)  # no fault this time: the leftover alone makes it OOM
     assert again.wait_exit() == -signal.SIGKILL
     assert "torch.OutOfMemoryError" in again.log
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)
     assert lab.used_mib() == [0] * 8
-    lab.start("--tp-size", "8").wait_ready()
+    lab.start(*TP8).wait_ready()

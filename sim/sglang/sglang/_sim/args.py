@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enable-torch-compile", action="store_true")
     a("--torch-compile-max-bs", type=int, default=32)
     a("--disable-custom-all-reduce", action="store_true")
+    a("--disable-piecewise-cuda-graph", action="store_true")
+    a("--enforce-piecewise-cuda-graph", action="store_true")
     a("--enable-mixed-chunk", action="store_true")
     a("--enable-dp-attention", action="store_true")
     a("--enable-dp-lm-head", action="store_true")

@@ -40,7 +40,7 @@ class ModelConfig:
     quant_bits: int
     quant_group_size: int
     quant_ignore: list[str] = field(default_factory=list)
-    vision: dict | None = None
+    vision: dict | None = None  # the vision config object's attributes, as SGLang's config class builds it
     raw: dict = field(default_factory=dict)
 
     @property
@@ -79,6 +79,27 @@ def load_config(model_path: str) -> ModelConfig:
     return parse_config(raw)
 
 
+# KimiK25VisionConfig.__init__ defaults (python/sglang/srt/configs/kimi_k25.py). SGLang builds the vision
+# config object as KimiK25VisionConfig(**vision_config): a JSON key of one of these names replaces the
+# default, any other key (K2.5 ships vt_hidden_size, vt_num_hidden_layers, ...) is only kept as an extra
+# attribute. MoonViT3dPretrainedModel is built from the named attributes; the projector reads vt_hidden_size.
+KIMI_K25_VISION_DEFAULTS = {
+    "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64, "init_pos_emb_time": 4,
+    "num_attention_heads": 16, "num_hidden_layers": 27, "hidden_size": 1152, "intermediate_size": 4304,
+    "merge_kernel_size": [2, 2], "text_hidden_size": 7168,
+}
+
+
+def vision_object(raw: dict) -> dict | None:
+    """The attributes of the vision config object SGLang's model config holds, or None without one."""
+    vc = raw.get("vision_config")
+    if not isinstance(vc, dict):
+        return None
+    if raw.get("model_type") == "kimi_k25":
+        return {**KIMI_K25_VISION_DEFAULTS, **vc}
+    return dict(vc)  # another model's own config class: only what the JSON says is known here
+
+
 def parse_config(raw: dict) -> ModelConfig:
     text = raw.get("text_config") or raw
     qc = raw.get("quantization_config") or text.get("quantization_config")
@@ -97,7 +118,7 @@ def parse_config(raw: dict) -> ModelConfig:
             group = (qc.get("weight_block_size") or [128, 128])[0]
     arch = (raw.get("architectures") or ["DeepseekV3ForCausalLM"])[0]
     text_arch = (text.get("architectures") or [arch])[0]
-    vision = raw.get("vision_config") if raw.get("text_config") else None
+    vision = vision_object(raw)
     return ModelConfig(
         architecture=arch,
         text_architecture=text_arch,
@@ -252,32 +273,8 @@ def rank_tensors(cfg: ModelConfig, rank: Rank, env: dict | None = None,
     first, last = rank.pp_rank == 0, rank.pp_rank == rank.pp_size - 1
     lm = "language_model." if cfg.is_multimodal else ""
 
-    if cfg.is_multimodal and first:
-        v = cfg.vision
-        vh = v.get("vt_hidden_size", 1152)
-        vi = v.get("vt_intermediate_size", 4304)
-        ph = v.get("patch_size", 14)
-        t.append(Tensor("vision_tower.patch_embed.proj.weight", (vh, 3, ph, ph), "bfloat16"))
-        t.append(Tensor("vision_tower.patch_embed.proj.bias", (vh,), "bfloat16"))
-        t.append(Tensor("vision_tower.patch_embed.pos_emb.weight",
-                        (v.get("init_pos_emb_height", 64), v.get("init_pos_emb_width", 64), vh), "bfloat16"))
-        for b in range(v.get("vt_num_hidden_layers", 27)):
-            pre = f"vision_tower.encoder.blocks.{b}."
-            for nm, shp in (("norm0.weight", (vh,)), ("norm0.bias", (vh,)), ("wqkv.weight", (3 * vh, vh)),
-                            ("wqkv.bias", (3 * vh,)), ("wo.weight", (vh, vh)), ("wo.bias", (vh,)),
-                            ("norm1.weight", (vh,)), ("norm1.bias", (vh,)), ("mlp.fc0.weight", (vi, vh)),
-                            ("mlp.fc0.bias", (vi,)), ("mlp.fc1.weight", (vh, vi)), ("mlp.fc1.bias", (vh,))):
-                t.append(Tensor(pre + nm, shp, "bfloat16"))
-        t.append(Tensor("vision_tower.encoder.final_layernorm.weight", (vh,), "bfloat16"))
-        t.append(Tensor("vision_tower.encoder.final_layernorm.bias", (vh,), "bfloat16"))
-        mk = v.get("merge_kernel_size", [2, 2])
-        mh = vh * mk[0] * mk[1]
-        t.append(Tensor("mm_projector.pre_norm.weight", (vh,), "bfloat16"))
-        t.append(Tensor("mm_projector.pre_norm.bias", (vh,), "bfloat16"))
-        t.append(Tensor("mm_projector.proj.0.weight", (mh, mh), "bfloat16"))
-        t.append(Tensor("mm_projector.proj.0.bias", (mh,), "bfloat16"))
-        t.append(Tensor("mm_projector.proj.2.weight", (H, mh), "bfloat16"))
-        t.append(Tensor("mm_projector.proj.2.bias", (H,), "bfloat16"))
+    if cfg.is_multimodal:  # KimiK25ForConditionalGeneration builds tower and projector on every PP rank
+        t.extend(_vision_tensors(cfg.vision, H, attn_tp))
 
     vocab_local = -(-cfg.vocab_size // attn_tp)  # VocabParallelEmbedding pads to the shard
     if first:
@@ -334,6 +331,43 @@ def rank_tensors(cfg: ModelConfig, rank: Rank, env: dict | None = None,
     return t + post
 
 
+def _vision_tensors(v: dict, text_hidden: int, attn_tp: int) -> list[Tensor]:
+    """MoonViT3dPretrainedModel + K2VLMultiModalProjector parameters on one rank (models/kimi_k25.py):
+    VisionAttention's qkv (QKVParallelLinear) and proj (RowParallelLinear, whole bias) split over the
+    attention TP group (layers/attention/vision.py); MLP2's nn.Linear layers, norms, embeddings and the
+    projector (ReplicatedLinear) whole."""
+    vh = v.get("hidden_size", 1152)
+    vi = v.get("intermediate_size", 4304)
+    heads = v.get("num_attention_heads", 16)
+    ph = v.get("patch_size", 14)
+    heads_local = _div(heads, attn_tp, "vision num_attention_heads")
+    qkv_local = 3 * heads_local * (vh // heads)
+    t = [Tensor("vision_tower.patch_embed.proj.weight", (vh, 3, ph, ph), "bfloat16"),
+         Tensor("vision_tower.patch_embed.proj.bias", (vh,), "bfloat16"),
+         Tensor("vision_tower.patch_embed.pos_emb.weight",
+                (v.get("init_pos_emb_height", 64), v.get("init_pos_emb_width", 64), vh), "bfloat16")]
+    for b in range(v.get("num_hidden_layers", 27)):
+        pre = f"vision_tower.encoder.blocks.{b}."
+        for nm, shp in (("norm0.weight", (vh,)), ("norm0.bias", (vh,)), ("wqkv.weight", (qkv_local, vh)),
+                        ("wqkv.bias", (qkv_local,)), ("wo.weight", (vh, qkv_local // 3)), ("wo.bias", (vh,)),
+                        ("norm1.weight", (vh,)), ("norm1.bias", (vh,)), ("mlp.fc0.weight", (vi, vh)),
+                        ("mlp.fc0.bias", (vi,)), ("mlp.fc1.weight", (vh, vi)), ("mlp.fc1.bias", (vh,))):
+            t.append(Tensor(pre + nm, shp, "bfloat16"))
+    t.append(Tensor("vision_tower.encoder.final_layernorm.weight", (vh,), "bfloat16"))
+    t.append(Tensor("vision_tower.encoder.final_layernorm.bias", (vh,), "bfloat16"))
+    pvh = v.get("vt_hidden_size", vh)
+    mk = v.get("merge_kernel_size", [2, 2])
+    mh = pvh * mk[0] * mk[1]
+    th = v.get("text_hidden_size", text_hidden)
+    t.append(Tensor("mm_projector.pre_norm.weight", (pvh,), "bfloat16"))
+    t.append(Tensor("mm_projector.pre_norm.bias", (pvh,), "bfloat16"))
+    t.append(Tensor("mm_projector.proj.0.weight", (mh, mh), "bfloat16"))
+    t.append(Tensor("mm_projector.proj.0.bias", (mh,), "bfloat16"))
+    t.append(Tensor("mm_projector.proj.2.weight", (th, mh), "bfloat16"))
+    t.append(Tensor("mm_projector.proj.2.bias", (th,), "bfloat16"))
+    return t
+
+
 def _expert_tensors(cfg: ModelConfig, pre: str, E: int, Im: int, H: int) -> list[Tensor]:
     """Fused MoE parameters of one layer on one rank, in create_weights order."""
     probe = pre.replace("experts.", "experts.0.gate_proj")
@@ -368,6 +402,11 @@ def _expert_tensors(cfg: ModelConfig, pre: str, E: int, Im: int, H: int) -> list
 
 
 def kv_cell_bytes(cfg: ModelConfig, num_layers: int, kv_cache_dtype: str) -> int:
-    """MLATokenToKVPool: one latent (kv_lora_rank + qk_rope_head_dim) per token per layer."""
+    """ModelRunnerKVCacheMixin.get_cell_size_per_token for MLA: one latent (kv_lora_rank + qk_rope_head_dim)
+    per token per layer at the dtype's element size; fp4_e2m1 (float4_e2m1fn_x2, one byte per two values)
+    halves that and adds one scale byte per 16 values."""
+    latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    if kv_cache_dtype == "fp4_e2m1":
+        return latent * num_layers // 2 + latent // 16 * num_layers
     nbytes = 1 if kv_cache_dtype.startswith("fp8") else 2
-    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * num_layers * nbytes
+    return latent * num_layers * nbytes

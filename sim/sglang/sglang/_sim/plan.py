@@ -51,7 +51,7 @@ class Plan:
 
 
 def default_mem_settings(args, cfg: ModelConfig, gpu_mem_mib: int) -> None:
-    """server_args._handle_gpu_memory_settings for a 96 GB card (the 'H20, H200' bucket) and the VLM
+    """server_args._handle_gpu_memory_settings (gpu_mem_mib: nvidia-smi's memory.total) and the VLM
     adjustment, filling chunked_prefill_size, cuda_graph_max_bs and mem_fraction_static when absent."""
     if gpu_mem_mib < 35 * 1024:
         cps, gbs = 2048, (24 if args.tp_size < 4 else 80)
@@ -77,12 +77,17 @@ def default_mem_settings(args, cfg: ModelConfig, gpu_mem_mib: int) -> None:
             reserved += args.cuda_graph_max_bs * args.dp_size * 3
             if args.cuda_graph_max_bs > 300:
                 reserved += args.cuda_graph_max_bs * args.dp_size * 1.5
+        # _handle_piecewise_cuda_graph leaves piecewise graphs on unless pp > 1, DP attention, a multimodal
+        # model (or flags this simulator does not take); an MLA model then reserves 1.5 GiB for them.
+        piecewise = args.pp_size == 1 and not args.enable_dp_attention and not cfg.is_multimodal
+        if args.enforce_piecewise_cuda_graph or (piecewise and not args.disable_piecewise_cuda_graph):
+            reserved += 1.5 * 1024
         if gpu_mem_mib > 60 * 1024:
             reserved = max(reserved, 10 * 1024)
         mfs = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-        if cfg.is_multimodal:  # adjust_mem_fraction_for_vlm
+        if cfg.is_multimodal:  # adjust_mem_fraction_for_vlm, on the vision config object SGLang built
             v = cfg.vision or {}
-            layers = v.get("num_hidden_layers", 24)
+            layers = v.get("num_hidden_layers", 24)  # getattr(vision_config, ..., ViT-L/14 default)
             hidden = v.get("hidden_size", 1024)
             ratio = layers * hidden**2 / (24 * 1024**2)
             factor = max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
