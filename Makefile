@@ -15,12 +15,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup lint test unit integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
+.PHONY: help setup lint test unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
 
 help:
 	@echo "make demo       set up, start the simulated lab, deploy profile $(PROFILE) on it"
 	@echo "make test       set up, lint, unit + integration tests, every molecule scenario"
-	@echo "make setup | lint | unit | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
+	@echo "make setup | lint | unit | oracle | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
 
 setup: $(SETUP_STAMP)
 
@@ -44,7 +44,14 @@ lint: setup
 	$(BIN)/ruff check .
 
 unit: setup
-	$(BIN)/pytest -q -m "not lab" tests
+	$(BIN)/pytest -q -m "not lab and not oracle" tests
+
+# Real SGLang (the version roles/sglang/defaults/main.yml pins) in a venv cached outside the clone.
+oracle-env:
+	$(PYTHON) tests/oracle/env.py build
+
+oracle: setup oracle-env
+	$(BIN)/pytest -q -m oracle tests/oracle
 
 integration: setup sim-image sim-mirrors
 	$(BIN)/pytest -q -m lab tests
@@ -57,7 +64,7 @@ molecule: setup sim-image sim-mirrors
 	  || { echo "molecule scenario $$s failed; last lines of $(LOGS)/molecule-$$s.log:" >&2; \
 	       tail -n 60 $(LOGS)/molecule-$$s.log >&2; exit 1; }; done
 
-test: lint unit integration molecule
+test: lint unit oracle integration molecule
 
 sim-image: setup
 	$(BIN)/python sim/lab/lab.py image

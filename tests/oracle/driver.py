@@ -1,0 +1,132 @@
+"""Runs real SGLang (the pinned release, in the oracle venv) and answers in JSON; see tests/oracle/README.md.
+
+Run with the oracle venv's python: ``driver.py < requests.json > answers.json``. The input is a JSON list
+of requests, the output the list of answers, in order:
+
+- ``{"op": "parse", "argv": [...]}``: SGLang's own parser (``ServerArgs.add_cli_args``, and
+  ``ConfigArgumentMerger`` for ``--config``, as ``prepare_server_args`` does) on the argv.
+  Answer: ``{"accepted": bool, "error": text or null, "values": {field: value}, "types": {field: type}}``
+  for every ServerArgs field, as ``ServerArgs.from_cli_args`` hands them over (before ``__post_init__``).
+- ``{"op": "server_args", "argv": [...], "model_config": {...}}``: ``prepare_server_args(argv)``
+  with ``--model-path`` (replaced or added) a directory holding that config.json, so every default
+  ``ServerArgs.__post_init__`` computes (GPU memory settings, the VLM adjustment through SGLang's own model-config classes,
+  parallel sizes) is SGLang's. Answer: ``{"ok": true, "server_args": {field: value}}`` (all of
+  ``dataclasses.asdict``, JSON-safe) or ``{"ok": false, "error": "Type: message"}``.
+
+Only GPU probing is replaced (``gpu.py``): nothing else of SGLang is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gpu  # noqa: E402
+from argvs import with_value  # noqa: E402
+from transformers.utils import import_utils  # noqa: E402
+
+# transformers decides once (cached) whether torchvision exists: it does not here, so its image code stays
+# off; only then may SGLang's modules find the names they import (standins/torchvision).
+assert not import_utils.is_torchvision_available(), "a real torchvision is installed; drop tests/oracle/standins"
+sys.path.insert(1, str(HERE / "standins"))
+
+# SGLang's modules are imported as on any machine without a GPU (CPU code paths, no CUDA kernels), the
+# GPU answers go in afterwards: only the probes ServerArgs makes at run time see the Blackwell host.
+from sglang.srt.configs import model_config as _model_config  # noqa: E402,F401  (ServerArgs imports it lazily)
+from sglang.srt.server_args import ServerArgs, prepare_server_args  # noqa: E402
+
+gpu.install()
+
+logging.disable(logging.WARNING)
+
+
+def _jsonable(value):
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def parse(argv: list[str]) -> dict:
+    parser = _parser()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            if "--config" in argv:
+                from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+
+                argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+            ns = parser.parse_args(argv)
+    except SystemExit:
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        return {"accepted": False, "error": lines[-1] if lines else "argparse exited", "values": {}, "types": {}}
+    # ServerArgs' own field names (from_cli_args maps --tp-size's dest tensor_parallel_size to tp_size, ...);
+    # __post_init__, which needs a model, is what the server_args op runs.
+    fields = dataclasses.asdict(_Unchecked.from_cli_args(ns))
+    return {"accepted": True, "error": None, "values": _jsonable(fields),
+            "types": {name: type(v).__name__ for name, v in fields.items()}}
+
+
+class _Unchecked(ServerArgs):
+    def __post_init__(self):
+        pass
+
+
+def server_args(argv: list[str], model_config: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="oracle-model-") as model_dir:
+        # A checkpoint's auto_map names remote code (configuration_*.py) that lives on the Hub, not here.
+        # SGLang replaces whatever class it loads by its own for the model types it registers
+        # (utils/hf_transformers_utils.py get_config, the _CONFIG_REGISTRY branch), so without auto_map
+        # transformers loads SGLang's class directly and ServerArgs sees the same object.
+        config = {k: v for k, v in model_config.items() if k != "auto_map"}
+        Path(model_dir, "config.json").write_text(json.dumps(config))
+        full = with_value(argv, "--model-path", model_dir)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = prepare_server_args(full)
+        except SystemExit:
+            return {"ok": False, "error": "SystemExit: " + err.getvalue().strip().splitlines()[-1]}
+        except Exception as exc:  # noqa: BLE001 - SGLang's own refusal is the answer
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+        fields["model_path"] = fields["tokenizer_path"] = "<model dir>"
+        return {"ok": True, "server_args": _jsonable(fields)}
+
+
+def answer(request: dict) -> dict:
+    if request.get("op") == "parse":
+        return parse(list(request["argv"]))
+    if request.get("op") == "server_args":
+        return server_args(list(request["argv"]), request["model_config"])
+    return {"ok": False, "error": f"unknown op {request.get('op')!r}; use parse or server_args"}
+
+
+def main() -> None:
+    requests = json.load(sys.stdin)
+    os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
+    json.dump([answer(r) for r in requests], sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

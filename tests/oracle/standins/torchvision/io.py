@@ -1,0 +1,3 @@
+from torchvision import missing
+
+decode_jpeg = missing("io.decode_jpeg")

@@ -1,0 +1,161 @@
+"""Real SGLang (the pinned release, run by driver.py in the oracle venv) judges the product and the simulator."""
+
+from __future__ import annotations
+
+import functools
+
+import oracle
+import pytest
+from moefleet.logic import planner, rollback
+
+PROFILES = oracle.catalog()["profiles"]
+TOLERANCE = 0.002
+
+
+# --- 1. every flag the product can emit is one SGLang's parser accepts, with the type it expects ------------
+
+def _tunings(name: str, profile: dict) -> list[dict]:
+    """The tunings the rollback can add to this profile (product code: rollback.next_step)."""
+    out = [{}]
+    catalog = oracle.catalog()
+    for outcome in ({"state": "oom", "phase": "kv_cache"}, {"state": "oom", "phase": "cuda_graph"},
+                    {"state": "hung", "phase": "nccl"}):
+        attempt = {**rollback.first_attempt(name, profile["nccl"]), "outcome": outcome}
+        step = rollback.next_step([name], [attempt], catalog, profile["flags"])
+        if step["action"] == "start" and step["attempt"].get("tuning"):
+            out.append(step["attempt"]["tuning"])
+    return out
+
+
+def _service_sources() -> dict[str, dict]:
+    defaults = oracle.role_defaults("sglang_service")
+    inventory = {**defaults, **oracle.example_inventory_vars()}
+    return {"role defaults": defaults, "inventory/example": inventory}
+
+
+def _emitted() -> list[tuple[str, dict, list[str]]]:
+    """(what, flags, argv) for every profile x service settings x rollback tuning."""
+    out = []
+    for source, service in _service_sources().items():
+        for name, profile in PROFILES.items():
+            for tuning in _tunings(name, profile):
+                flags = {**profile["flags"], **(service.get("sglang_service_extra_flags") or {}), **tuning}
+                what = f"{name} with {source}" + (f" and rollback tuning {tuning}" if tuning else "")
+                out.append((what, {**_head(service), **flags}, oracle.rendered_args(flags, service)))
+    return out
+
+
+def _head(service: dict) -> dict:
+    return {"model_path": service["sglang_service_model_path"],
+            "served_model_name": service["sglang_service_served_model_name"],
+            "host": service["sglang_service_host"], "port": service["sglang_service_port"]}
+
+
+def test_every_emitted_flag_is_accepted_with_its_type():
+    emitted = _emitted()
+    assert any(tuning for name, p in PROFILES.items() for tuning in _tunings(name, p)), "no rollback tuning seen"
+    answers = oracle.ask([{"op": "parse", "argv": argv} for _, _, argv in emitted])
+    problems = []
+    for (what, flags, argv), answer in zip(emitted, answers, strict=True):
+        if not answer["accepted"]:
+            problems.append(f"{what}: SGLang rejects {' '.join(argv)}: {answer['error']}")
+            continue
+        for key, value in flags.items():
+            if value is None or value is False:
+                continue
+            if key not in answer["values"]:
+                problems.append(f"{what}: {key} does not reach ServerArgs.{key} (parsed: {sorted(answer['values'])})")
+                continue
+            parsed = answer["values"][key]
+            same_type = type(value).__name__ == answer["types"][key] or (
+                isinstance(value, int) and not isinstance(value, bool) and answer["types"][key] == "float")
+            if parsed != value or not same_type:
+                problems.append(f"{what}: {key}={value!r} ({type(value).__name__}) is parsed by SGLang as "
+                                f"{parsed!r} ({answer['types'][key]})")
+    assert not problems, "\n".join(problems)
+
+
+def test_parser_rejects_what_sglang_rejects():
+    """The judge can say no: a kv-cache dtype SGLang does not know, and a flag it does not have."""
+    bad = [["--model-path", "/m", "--kv-cache-dtype", "fp8"], ["--model-path", "/m", "--tp-size", "eight"],
+           ["--model-path", "/m", "--expert-groups", "4"]]
+    answers = oracle.ask([{"op": "parse", "argv": argv} for argv in bad])
+    assert [a["accepted"] for a in answers] == [False, False, False]
+    assert "invalid choice: 'fp8'" in answers[0]["error"]
+    assert "invalid int value: 'eight'" in answers[1]["error"]
+    assert "unrecognized arguments: --expert-groups 4" in answers[2]["error"]
+
+
+# --- 2. the planner's default mem_fraction_static is SGLang's ------------------------------------------------
+
+CONFIGS = {
+    "kimi-k2.6 (vt_* keys)": oracle.model_config,
+    "kimi-k2.6 with plain num_hidden_layers/hidden_size": oracle.k26_plain_vision_config,
+    "deepseek-v3 (text only)": functools.partial(oracle.model_config, oracle.DSV3_CONFIG),
+}
+CASES = [(c, p) for c in CONFIGS for p in PROFILES]
+
+
+@functools.cache
+def _real_server_args() -> dict:
+    service = oracle.role_defaults("sglang_service")
+    requests = [{"op": "server_args", "model_config": CONFIGS[c](),
+                 "argv": oracle.rendered_args(oracle.without_mem_fraction(PROFILES[p]["flags"]), service)}
+                for c, p in CASES]
+    return dict(zip(CASES, oracle.ask(requests), strict=True))
+
+
+@pytest.mark.parametrize(("config", "profile"), CASES, ids=[f"{c}-{p}" for c, p in CASES])
+def test_planner_default_mem_fraction_is_sglangs(config, profile):
+    answer = _real_server_args()[(config, profile)]
+    assert answer["ok"], f"real SGLang refuses {profile} on {config}: {answer['error']}"
+    real = answer["server_args"]["mem_fraction_static"]
+    flags = oracle.without_mem_fraction(PROFILES[profile]["flags"])
+    planned = planner.plan(CONFIGS[config](), oracle.GPUS, oracle.GPU_MEMORY_GIB, flags,
+                           smi_memory_mib=oracle.SMI_MEMORY_MIB).mem_fraction_static
+    assert planned == pytest.approx(real, abs=TOLERANCE), (
+        f"{profile} on {config}: the planner assumes SGLang's default --mem-fraction-static is {planned:.4f}, "
+        f"real SGLang {oracle.env.pinned_version()} computes {real:.4f}")
+
+
+def test_the_vision_tower_changes_sglangs_default():
+    """The three configs really differ in SGLang's eyes, so the planner test cannot pass by accident."""
+    by_config = {c: _real_server_args()[(c, "tp8")]["server_args"]["mem_fraction_static"] for c in CONFIGS}
+    assert len({round(v, 4) for v in by_config.values()}) == 3, by_config
+
+
+# --- 3. the simulator parses and defaults as real ServerArgs does --------------------------------------------
+
+COMPARED = ["tp_size", "pp_size", "ep_size", "dp_size", "enable_dp_attention", "mem_fraction_static",
+            "chunked_prefill_size", "cuda_graph_max_bs", "kv_cache_dtype", "moe_a2a_backend"]
+
+
+@functools.cache
+def _real_for_profiles() -> dict:
+    service = oracle.role_defaults("sglang_service")
+    requests = [{"op": "server_args", "model_config": oracle.model_config(oracle.SIM_K26_CONFIG),
+                 "argv": oracle.rendered_args(PROFILES[p]["flags"], service)} for p in PROFILES]
+    return dict(zip(PROFILES, oracle.ask(requests), strict=True))
+
+
+def _differences(real: dict, seen: dict, where: str) -> list[str]:
+    out = []
+    for key in COMPARED:
+        want, got = real.get(key), seen.get(key, "<missing>")
+        same = (got == pytest.approx(want, abs=TOLERANCE)) if isinstance(want, float) else got == want
+        if not same:
+            out.append(f"{where} {key}: simulator {got!r}, real SGLang {want!r}")
+    return out
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_simulator_server_args_are_sglangs(profile):
+    answer = _real_for_profiles()[profile]
+    assert answer["ok"], f"real SGLang refuses {profile}: {answer['error']}"
+    real = answer["server_args"]
+    sim = oracle.run_simulator(oracle.rendered_args(PROFILES[profile]["flags"], oracle.role_defaults("sglang_service")))
+    assert sim["server_args_line"], f"the simulator printed no server_args= line:\n{sim['log']}"
+    problems = _differences(real, oracle.parse_server_args_line(sim["server_args_line"]), "server_args=")
+    if sim["server_info"] is not None:
+        problems += _differences(real, sim["server_info"], "/server_info")
+    assert not problems, f"{profile}:\n" + "\n".join(problems)
