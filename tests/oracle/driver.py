@@ -9,8 +9,8 @@ of requests, the output the list of answers, in order:
   for every ServerArgs field, as ``ServerArgs.from_cli_args`` hands them over (before ``__post_init__``).
 - ``{"op": "server_args", "argv": [...], "model_config": {...}}``: ``prepare_server_args(argv)``
   with ``--model-path`` (replaced or added) a directory holding that config.json, so every default
-  ``ServerArgs.__post_init__`` computes (GPU memory settings, the VLM adjustment through SGLang's own model-config classes,
-  parallel sizes) is SGLang's. Answer: ``{"ok": true, "server_args": {field: value}}`` (all of
+  ``ServerArgs.__post_init__`` computes (GPU memory settings, the VLM adjustment through SGLang's own
+  model-config classes, parallel sizes) is SGLang's. Answer: ``{"ok": true, "server_args": {field: value}}`` (all of
   ``dataclasses.asdict``, JSON-safe) or ``{"ok": false, "error": "Type: message"}``.
 
 Only GPU probing is replaced (``gpu.py``): nothing else of SGLang is touched.
