@@ -2,7 +2,13 @@
 
 The classifier is the one the readiness module uses (plugins/module_utils/sglang_log.py). Exit codes:
 0 the log shows a ready server; 1 it shows a failure (oom, crashed, hung) or ends while the server was
-still starting (incomplete); 2 the input cannot be read as a log.
+still starting (incomplete); 2 the input cannot be read as a log (no SGLang, journal or traceback line).
+
+It reads SGLang's own output and journal exports: journalctl's short, short-precise, short-iso and
+short-full formats, `-o json` and `-o export`; lines as container and cloud loggers print them (docker
+compose `svc-1  | `, docker/kubectl timestamps, kubectl --prefix `[pod/name/container]`, CloudWatch and
+GCP time stamps, docker's json-file lines), colour codes (ESC or pasted as `\\x1b[..m` / `^[[..m`), and
+logs exported newest first.
 
 A saved log that ends while starting is ``starting`` and exits 1 as incomplete. With ``--hang-seconds N``
 it is ``hung`` instead once its last line is at least N seconds old: for a file, by its modification
@@ -18,7 +24,7 @@ import os
 import sys
 import time
 
-from moefleet.logic.sglang_log import classify
+from moefleet.logic.sglang_log import classify, is_log
 
 EXIT_READY, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -115,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
         text, age = _read(args.file)
     except BadInput as err:
         print(f"moefleet diagnose: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not is_log(text):
+        name = "stdin" if args.file == "-" else args.file
+        print(
+            f"moefleet diagnose: {name}: no SGLang, journal or traceback line in it; pass the server's log "
+            "or a journal export (journalctl -u sglang.service -o short-precise).",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     idle = None
     if args.hang_seconds is not None:

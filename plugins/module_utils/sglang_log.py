@@ -21,7 +21,8 @@ runtime) and from the last progress line the failing rank printed otherwise.
 
 Public API:
 
-    classify(lines, idle_seconds=None, hang_seconds=None) -> Verdict
+    classify(lines, idle_seconds=None, hang_seconds=None) -> Verdict   (reads newest-first logs too)
+    is_log(lines) -> bool, newest_first(lines) -> bool
     LogFollower(started_at=None): .feed(line, now=None) -> Verdict, .verdict(now=None, hang_seconds=None),
         .finish() -> Verdict, .phase, .last_progress_at, .pending_since, .lines_seen
     parse_oom_message(text) -> dict | None
@@ -31,6 +32,7 @@ Public API:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -42,20 +44,36 @@ PROGRESS_PHASES = ("launch", "nccl_init", "weight_load", "kv_cache", "cuda_graph
 
 # --- line prefixes -------------------------------------------------------------------------------
 
-# journalctl's short / short-iso / short-precise export: "Nov 29 16:00:01 host python3[123]: "
+# Colour codes, as a terminal writes them (ESC) and as people paste them: "\x1b[31m", "\033[0m",
+# "\u001b[36m", "\e[1m", "^[[0;32m".
+_ANSI = re.compile(r"(?:\x1b|\\x1b|\\033|\\u001b|\\e|\^\[)\[[0-9;?]*[A-Za-z]")
+# journalctl's short / short-precise / short-iso / short-full export:
+# "Nov 29 16:00:01 host python3[123]: ", "2025-11-29T16:00:01+0000 host ...", "Sat 2025-11-29 16:00:01 UTC host ..."
 _JOURNAL_PREFIX = re.compile(
-    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"
-    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
+    r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+    r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [A-Z]{2,5})"
     r" \S+ [^\s:\[]+(?:\[\d+\])?: "
 )
-# a bare timestamp put in front by a log collector (docker logs -t and its UIs)
-_COLLECTOR_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
+# what container and cloud loggers put in front, outermost first; each may follow another:
+# docker compose "svc-1  | ", kubectl --prefix "[pod/name/container] ", a timestamp (docker logs -t,
+# kubectl --timestamps, CloudWatch, GCP, optionally after a severity such as "E " or "ERROR "),
+# CloudWatch's epoch milliseconds
+_COLLECTOR_PREFIXES = (
+    re.compile(r"^[A-Za-z0-9][\w.-]*\s+\|(?: |$)"),
+    re.compile(r"^\[(?:pod|deployment|statefulset|job|daemonset)/[^\]\s]+\] "),
+    re.compile(
+        r"^(?:[A-Z]{1,9}\s+)?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?:Z|[+-]\d\d:?\d\d| UTC)?[\t ]+"
+    ),
+    re.compile(r"^\d{13}[\t ]+"),
+)
 # SGLang's own prefix: "[2025-01-01 00:00:00 TP0] ", "[... DP0 TP0 EP0] ", "[... TP0 PP0] ",
-# "[06-09 17:46:28] "
+# "[06-09 17:46:28] ", and before 0.4 "[23:17:01 TP4] "
 _SGLANG_PREFIX = re.compile(
-    r"\[(?P<ts>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ?"
+    r"\[(?P<ts>(?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ?"
 )
 _RANK_TOKEN = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 @dataclass(frozen=True)
@@ -66,25 +84,90 @@ class ParsedLine:
     message: str  # the text after SGLang's "[time ranks] " prefix, or the whole text
     rank: str | None  # "TP0", "DP0 TP0", "TP0 PP1"; None for launcher lines and raw output
     tp_rank: int | None
+    stamp: str | None = None  # the line's time as text that sorts (collector's first, else SGLang's)
+    framed: bool = False  # it came with a journal, collector or SGLang prefix, or as a journal entry
+
+
+def _journal_entry(piece: str) -> str | None:
+    """The message of one ``journalctl -o json`` entry (or a docker json-file line); None otherwise."""
+    if not (piece.startswith("{") and piece.endswith("}")):
+        return None
+    try:
+        entry = json.loads(piece)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    message = entry.get("MESSAGE", entry.get("log"))
+    if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
+        message = bytes(message).decode("utf-8", errors="replace")  # journald's form for non-UTF-8 text
+    return message if isinstance(message, str) else None
+
+
+def _sortable(stamp: str) -> str:
+    """'Nov 29 16:00:01' as '11-29 16:00:01'; ISO and SGLang forms already sort as text."""
+    if stamp[:3] in _MONTHS and stamp[3:4] == " ":
+        return f"{_MONTHS.index(stamp[:3]) + 1:02d}-{stamp[4:6].strip():0>2} {stamp[7:]}"
+    return stamp.replace("T", " ")
+
+
+def _strip_prefixes(piece: str) -> tuple[str, str | None, bool]:
+    """The text without colour codes and outer prefixes, the outermost time stamp, and whether any was found."""
+    text = _ANSI.sub("", piece)
+    stamp, framed = None, False
+    if text.startswith("MESSAGE="):  # journalctl -o export: one FIELD=value per line
+        return text[len("MESSAGE=") :], None, True
+    for _ in range(4):  # a few prefixes deep at most: compose + timestamp + journal ...
+        before = text
+        match = _JOURNAL_PREFIX.match(text)
+        if match is None:
+            for pattern in _COLLECTOR_PREFIXES:
+                match = pattern.match(text)
+                if match:
+                    break
+        if match is None:
+            break
+        text = text[match.end() :]
+        framed = True
+        if stamp is None and "ts" in match.groupdict() and match.group("ts"):
+            stamp = _sortable(match.group("ts"))
+        if text == before:
+            break
+    return text, stamp, framed
 
 
 def split_line(raw: str) -> list[ParsedLine]:
     """Split one raw line (tqdm redraws with carriage returns) and parse each piece."""
     out = []
-    for piece in raw.rstrip("\n").split("\r"):
-        text = _JOURNAL_PREFIX.sub("", piece, count=1)
-        text = _COLLECTOR_PREFIX.sub("", text, count=1).rstrip()
-        match = _SGLANG_PREFIX.search(text)
-        rank = tp_rank = None
-        message = text
-        if match and (match.start() == 0 or "Scheduler hit an exception" in text[match.end() :]):
-            message = text[match.end() :]
-            ranks = match.group("ranks").strip()
-            rank = ranks or None
-            for name, number in _RANK_TOKEN.findall(ranks):
-                if name == "TP":
-                    tp_rank = int(number)
-        out.append(ParsedLine(text=text, message=message, rank=rank, tp_rank=tp_rank))
+    raw = raw.rstrip("\n")
+    entry = _journal_entry(raw.strip())
+    pieces = entry.rstrip("\n").split("\n") if entry is not None else [raw]
+    for whole in pieces:
+        for piece in whole.split("\r"):
+            text, stamp, framed = _strip_prefixes(piece)
+            text = text.rstrip()
+            match = _SGLANG_PREFIX.search(text)
+            rank = tp_rank = None
+            message = text
+            if match and (match.start() == 0 or "Scheduler hit an exception" in text[match.end() :]):
+                message = text[match.end() :]
+                ranks = match.group("ranks").strip()
+                rank = ranks or None
+                stamp = stamp or match.group("ts")
+                framed = True
+                for name, number in _RANK_TOKEN.findall(ranks):
+                    if name == "TP":
+                        tp_rank = int(number)
+            out.append(
+                ParsedLine(
+                    text=text,
+                    message=message,
+                    rank=rank,
+                    tp_rank=tp_rank,
+                    stamp=stamp,
+                    framed=framed or entry is not None,
+                )
+            )
     return out
 
 
@@ -99,6 +182,7 @@ _MILESTONES = (
     (re.compile(r"KV Cache is allocated"), "kv_cache"),
     (re.compile(r"Memory pool end"), "cuda_graph"),
     (re.compile(r"Capture (?:piecewise )?cuda graph begin", re.I), "cuda_graph"),
+    (re.compile(r"^Capturing batches \(bs="), "cuda_graph"),  # tqdm's capture bar, all a warning-level log shows
     (re.compile(r"Capture (?:piecewise )?cuda graph end", re.I), "warmup"),
     (re.compile(r"^max_total_num_tokens="), "warmup"),
     (re.compile(r"Uvicorn running on |Application startup complete"), "warmup"),
@@ -113,6 +197,8 @@ _FAILURE_MARKER = re.compile(
     r"Scheduler hit an exception|DataParallelController hit an exception"
     r"|Received sigquit from a child process|scheduler is dead|Initialization failed\. warmup error"
     r"|Detokenizer(?:Manager)? hit an exception|TokenizerManager hit an exception"
+    # before 0.4 (managers/controller_*.py, tp_worker.py): "Exception in run_tp_server:" and the like
+    r"|Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti|DetokenizerManager):"
 )
 _MARKER = "failure_marker"  # internal cause of a pending verdict: a child failed, reason not read yet
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
@@ -126,6 +212,9 @@ _OOM_TEXT = re.compile(
 )
 _KV_POOL_TEXT = re.compile(r"Not enough?t? memory\. Please try to increase --mem-fraction-static")
 _GRAPH_TEXT = re.compile(r"Capture (?:piecewise )?cuda graph failed", re.I)
+# model_executor/model_runner_kv_cache_mixin.py: the warning printed just before SGLang's KV-pool failure
+# ("Not enough memory ...", raised when the token capacity is <= 0) when --max-total-tokens is set
+_NO_KV_TOKENS = re.compile(r"max_total_tokens=\d+ is larger than the profiled value (?:-\d+|0)\b")
 
 _CAUSE_PATTERNS = (
     (
@@ -177,7 +266,27 @@ _WEIGHT_READ_FUNCS = {
 }
 _WEIGHT_MISMATCH = re.compile(r"^(?:KeyError|AssertionError)$|size mismatch|shape mismatch|does not match", re.I)
 
-_RUNTIME_FUNCS = {"run_batch", "forward_batch_generation", "process_batch_result", "handle_generate_request"}
+# frames of the forward pass serving requests (model_executor/model_runner.py, managers/scheduler.py,
+# tp_worker*.py; before 0.4 tp_worker.forward_step/forward_decode_batch and controller loops)
+_RUNTIME_FUNCS = {
+    "run_batch",
+    "forward_batch_generation",
+    "process_batch_result",
+    "handle_generate_request",
+    "forward_extend",
+    "forward_decode",
+    "forward_idle",
+    "forward_split_prefill",
+    "replay",
+    "forward_thread_func",
+    "forward_thread_func_",
+    "forward_step",
+    "forward_fill_batch",
+    "forward_decode_batch",
+    "exposed_step",
+    "loop_for_forward",
+}
+# frames that only CUDA-graph capture runs (replay at runtime is a runtime frame)
 _GRAPH_FUNCS = {
     "init_cuda_graphs",
     "init_all_cuda_graphs",
@@ -409,6 +518,7 @@ class _Traceback:
     funcs: list = field(default_factory=list)
     files: list = field(default_factory=list)
     closed: bool = False  # its exception line was seen
+    open_at_end: bool = False  # frames seen, no exception line and no progress since: a log cut inside it
 
 
 class LogFollower:
@@ -430,6 +540,7 @@ class LogFollower:
         self._hint_cause: str | None = None
         self._tb = _Traceback()
         self._last_line: str | None = None
+        self._last_line_number: int | None = None
 
     # -- progress --
     @property
@@ -461,7 +572,7 @@ class LogFollower:
             return
         text, message = line.text, line.message
         if text.strip() and not _ACCESS_LOG.search(message):
-            self._last_line = text
+            self._last_line, self._last_line_number = text, self.lines_seen
             if now is not None:
                 self.last_progress_at = now
         for pattern, reached in _MILESTONES:
@@ -472,6 +583,7 @@ class LogFollower:
                     self._launcher_phase = _max_phase(self._launcher_phase, reached)
                 if self.pending_kind == "exception":  # the start went on: that traceback was not fatal
                     self._pending = self.pending_since = None
+                self._tb.open_at_end = False
                 break
         if _READY.search(message):
             self._ready_line = (text, self.lines_seen)
@@ -485,11 +597,20 @@ class LogFollower:
         if frame:
             self._tb.funcs.append(frame.group("func"))
             self._tb.files.append(frame.group("file"))
+            self._tb.open_at_end = not self._tb.closed
+            return
+
+        if _NO_KV_TOKENS.search(message):
+            # SGLang raises "Not enough memory" right after this line; a log cut here, or a marker that
+            # follows, is that KV-pool OOM (an older draft model prints it too and goes on: progress clears it)
+            if self._pending is None:
+                self._pending = self._oom_verdict(text, "kv_cache", line.rank)
+                self.pending_since = now
             return
 
         if _FAILURE_MARKER.search(text):
             self._marker_seen = True
-            if line.rank and "hit an exception" in text:
+            if line.rank:  # "[.. TP3] Scheduler hit an exception:", "[.. TP4] Exception in run_tp_server:"
                 self._tb.rank = line.rank
             if self.pending_kind == "exception":
                 self._decide(self._pending)
@@ -530,25 +651,7 @@ class LogFollower:
         """The verdict one exception (or port) line gives, and whether it is decisive on its own."""
         rank = self._tb.rank or line.rank
         if _OOM_TEXT.search(text):
-            phase = self._oom_phase(text, rank)
-            figures = parse_oom_message(text) or {}
-            oom = OomDetails(
-                phase=phase,
-                gpu=figures.get("gpu"),
-                tried_to_allocate_mib=figures.get("tried_to_allocate_mib"),
-                free_mib=figures.get("free_mib"),
-                capacity_gib=figures.get("capacity_gib"),
-                rank=rank,
-            )
-            return Verdict(
-                state="oom",
-                phase=phase,
-                oom=oom,
-                line=text,
-                line_number=self.lines_seen,
-                rank=rank,
-                advice=advice_for("oom", phase),
-            ), True
+            return self._oom_verdict(text, self._oom_phase(text, rank), rank), True
         cause = None
         for name, pattern in _CAUSE_PATTERNS:
             if pattern.search(text):
@@ -571,12 +674,34 @@ class LogFollower:
             advice=advice_for("crashed", cause=cause),
         ), strong
 
+    def _oom_verdict(self, text: str, phase: str, rank: str | None) -> Verdict:
+        figures = parse_oom_message(text) or {}
+        oom = OomDetails(
+            phase=phase,
+            gpu=figures.get("gpu"),
+            tried_to_allocate_mib=figures.get("tried_to_allocate_mib"),
+            free_mib=figures.get("free_mib"),
+            capacity_gib=figures.get("capacity_gib"),
+            rank=rank,
+        )
+        return Verdict(
+            state="oom",
+            phase=phase,
+            oom=oom,
+            line=text,
+            line_number=self.lines_seen,
+            rank=rank,
+            advice=advice_for("oom", phase),
+        )
+
     def _frames_phase(self) -> str | None:
         """The start-up phase the traceback's frames were in, or None when they do not say."""
         funcs = set(self._tb.funcs)
+        if funcs & _GRAPH_FUNCS:
+            return "cuda_graph"
         if funcs & _RUNTIME_FUNCS or any(f.startswith("event_loop") for f in funcs):
             return "ready"
-        if funcs & _GRAPH_FUNCS or any("cuda_graph_runner" in f for f in self._tb.files):
+        if any("cuda_graph_runner" in f for f in self._tb.files):
             return "cuda_graph"
         if funcs & _KV_FUNCS or any("memory_pool" in f for f in self._tb.files):
             return "kv_cache"
@@ -643,20 +768,72 @@ class LogFollower:
         return Verdict(state="starting", phase=phase, advice=advice_for("starting", phase), final=False)
 
     def finish(self) -> Verdict:
-        """No more lines will come: a failure still waiting for its partner line is taken as it is."""
+        """No more lines will come: a failure still waiting for its partner line is taken as it is, and a
+        log that ends inside a traceback (cut before its exception line) is a crash placed by its frames."""
+        if self._failure is None and self._pending is None and self._tb.open_at_end and self._ready_line is None:
+            self._pending = Verdict(
+                state="crashed",
+                cause=_MARKER,
+                line=self._last_line,
+                line_number=self._last_line_number,
+                rank=self._tb.rank,
+            )
         if self._failure is None and self._pending is not None:
             self._decide(self._pending)
         return self.verdict()
 
 
+def _lines_of(lines) -> list[str]:
+    if isinstance(lines, str):
+        return lines.split("\n")  # not splitlines(): tqdm's carriage returns are not new lines
+    return list(lines)
+
+
+def newest_first(lines) -> bool:
+    """Whether a saved log runs newest first, as some log viewers export it.
+
+    By its time stamps when they say (more steps back in time than forward), else by its tracebacks:
+    read backwards, "Traceback (most recent call last):" comes right after a frame instead of before one,
+    and the exception line before its frames instead of after them.
+    """
+    parsed = [piece for raw in _lines_of(lines) for piece in split_line(raw) if piece.text.strip()]
+    stamps = [p.stamp for p in parsed if p.stamp]
+    back = sum(1 for a, b in zip(stamps, stamps[1:], strict=False) if b < a)
+    forward = sum(1 for a, b in zip(stamps, stamps[1:], strict=False) if b > a)
+    if back != forward:
+        return back > forward
+    votes = 0
+    for i, piece in enumerate(parsed):
+        if _TRACEBACK.search(piece.message):
+            before = parsed[i - 1].text if i > 0 else ""
+            after = parsed[i + 1].text if i + 1 < len(parsed) else ""
+            votes += 1 if _FRAME.match(before) and not _FRAME.match(after) else -1
+        elif _EXCEPTION_LINE.match(piece.text):  # an excerpt without a header: frames come before its exception
+            frames_before = any(_FRAME.match(p.text) for p in parsed[max(0, i - 3) : i])
+            frames_after = any(_FRAME.match(p.text) for p in parsed[i + 1 : i + 4])
+            votes += (frames_after and not frames_before) - (frames_before and not frames_after)
+    return votes > 0
+
+
+def is_log(lines) -> bool:
+    """Whether the text reads as log output at all: a line with a journal, collector or SGLang prefix, a
+    journal entry, or a Python traceback. A README or a config file has none of these."""
+    for raw in _lines_of(lines):
+        for piece in split_line(raw):
+            if piece.framed or _TRACEBACK.search(piece.text) or _FRAME.match(piece.text):
+                return True
+    return False
+
+
 def classify(lines, idle_seconds: float | None = None, hang_seconds: float | None = None) -> Verdict:
-    """Classify a whole log (a string or an iterable of lines).
+    """Classify a whole log (a string or an iterable of lines), oldest or newest line first.
 
     ``idle_seconds`` is how long the log has been silent after its last line; with ``hang_seconds``
     a log that ends while starting is ``hung`` once idle_seconds >= hang_seconds.
     """
-    if isinstance(lines, str):
-        lines = lines.split("\n")  # not splitlines(): tqdm's carriage returns are not new lines
+    lines = _lines_of(lines)
+    if newest_first(lines):
+        lines = lines[::-1]
     follower = LogFollower(started_at=0.0)
     for raw in lines:
         follower.feed(raw, now=0.0)
