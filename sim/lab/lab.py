@@ -26,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+import devnodes  # noqa: E402  (sim/gpu: the NVIDIA driver's device nodes)
+
 REPO = Path(__file__).resolve().parents[2]
 LAB = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab"))
 HERE = Path(__file__).resolve().parent
@@ -38,6 +41,8 @@ NETWORK = f"{PREFIX}-net-{LAB_ID[:8]}"
 MIRROR = f"{PREFIX}-mirror"
 MIRROR_PORT = 8080
 INVENTORY = REPO / "inventory" / "sim" / "hosts.yml"
+# A lab host's /dev/nvidia* (8 GPUs), with the majors this machine's kernel would give the driver.
+GPU_NODES = devnodes.nodes(8, devnodes.read_proc_devices())
 SSH_KEY = LAB / "ssh" / "id_ed25519"
 APT_PACKAGES = [
     "podman", "runc", "conmon", "netavark", "aardvark-dns", "containernetworking-plugins",
@@ -166,10 +171,40 @@ def ensure_ssh_key() -> None:
     auth.chmod(0o600)
 
 
+def host_options() -> list[str]:
+    """What makes a container stand in for a real host's kernel-facing side.
+
+    CAP_SYS_ADMIN lets the hosts' systemd build the mount namespaces of a unit's sandbox
+    (ProtectSystem=, ReadWritePaths=, PrivateTmp=, ProtectHome=, ...); without it systemd skips them
+    silently. CAP_SYS_PTRACE gives root what it has on a real host over other users' processes (nsenter
+    into a service's namespace, /proc/PID/ns). The device-cgroup rules let the container open character
+    devices on the NVIDIA driver's majors, so the stand-in /dev/nvidia* nodes (GPU_NODES) behave as real
+    ones up to the driver."""
+    majors = sorted({major for _, major, _, _ in GPU_NODES})
+    rules = [arg for major in majors for arg in ("--device-cgroup-rule", f"c {major}:* rwm")]
+    return ["--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", *rules]
+
+
+def host_options_label() -> str:
+    return hashlib.sha256(json.dumps(host_options()).encode()).hexdigest()[:12]
+
+
 def run_host(name: str, lab: str, tag: str) -> None:
     podman("run", "-d", "--name", name, "--hostname", name.removeprefix(f"{PREFIX}-"),
-           "--label", f"moefleet.lab={lab}", "--network", NETWORK, "--systemd", "always",
+           "--label", f"moefleet.lab={lab}", "--label", f"moefleet.host-options={host_options_label()}",
+           "--network", NETWORK, "--systemd", "always", *host_options(),
            "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)
+
+
+def prepare_host(name: str) -> None:
+    """At every start of a host: the root mount shared, as systemd makes it on a real host but not in a
+    container (credentials of LoadCredential= reach a sandboxed unit by mount propagation; with a private
+    root they end up in a directory only root can read); and the driver's device nodes, since a
+    container's /dev is new each time."""
+    script = "mount --make-rshared /; " + "".join(f"mkdir -p $(dirname /dev/{rel}); "
+                     f"[ -e /dev/{rel} ] || mknod -m {mode:04o} /dev/{rel} c {major} {minor}; "
+                     for rel, major, minor, mode in GPU_NODES)
+    podman("exec", name, "sh", "-c", script)
 
 
 def ensure_mirror(tag: str) -> str:
@@ -293,12 +328,17 @@ def up(lab: str, count: int, inventory: Path) -> None:
     started = time.monotonic()
     for name in wanted:
         info = existing.get(name)
+        if info is not None and info.get("Labels", {}).get("moefleet.host-options") != host_options_label():
+            log(f"removing {name} (started without the lab's current host options)")
+            podman("rm", "-f", "-t", "5", name)
+            info = None
         if info is None:
             run_host(name, lab, tag)
             log(f"started {name}")
         elif info["State"] != "running":
             podman("start", name)
             log(f"restarted {name}")
+        prepare_host(name)
     hosts = {name.removeprefix(f"{PREFIX}-"): container_ip(name) for name in wanted}
     write_inventory(inventory, hosts)
     group_vars = inventory.parent / "group_vars"

@@ -26,6 +26,10 @@ SCALE = "0.05"
 
 if str(SIM_SGLANG) not in sys.path:
     sys.path.insert(0, str(SIM_SGLANG))
+if str(ROOT / "sim" / "gpu") not in sys.path:
+    sys.path.insert(0, str(ROOT / "sim" / "gpu"))
+
+import devnodes  # noqa: E402
 
 
 @pytest.fixture
@@ -38,12 +42,24 @@ def lab(tmp_path, monkeypatch):
     model = tmp_path / "Kimi-K2.6"
     model.mkdir()
     shutil.copy(K26_CONFIG, model / "config.json")
+    dev = tmp_path / "dev"  # the driver's device nodes, as on a lab host (sim/gpu/devnodes.py)
+    try:
+        devnodes.create(str(dev), 8)
+    except PermissionError:
+        pytest.skip("creating the stand-in /dev/nvidia* nodes needs root (CAP_MKNOD)")
+    home = tmp_path / "home"  # the service user's home: Triton, FlashInfer and SGLang caches
+    home.mkdir()
+    monkeypatch.setenv("SIM_GPU_DEV_DIR", str(dev))
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("TRITON_CACHE_DIR", "HF_HOME", "HF_MODULES_CACHE", "FLASHINFER_WORKSPACE_BASE", "CC"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SIM_GPU_SPEC", str(spec))
     monkeypatch.setenv("SIM_GPU_STATE_DIR", str(state))
     monkeypatch.setenv("SGLANG_SIM_TIME_SCALE", SCALE)
     monkeypatch.delenv("SGLANG_SIM_FAULTS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     lab = Lab(tmp_path, spec, state, model)
+    lab.dev, lab.home = dev, home
     yield lab
     lab.cleanup()
 
@@ -108,7 +124,7 @@ class Lab:
         return env
 
     def start(self, *flags: str, faults: list | None = None, port: int | None = None,
-              env: dict | None = None) -> Server:
+              env: dict | None = None, wrap: tuple[str, ...] = ()) -> Server:
         port = port or free_port()
         log = self.root / f"server-{len(self.servers)}.log"
         extra = dict(env or {})
@@ -116,8 +132,9 @@ class Lab:
             extra["SGLANG_SIM_FAULTS"] = json.dumps(faults)
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.model), "--port", str(port),
-                 *flags], stdout=fh, stderr=subprocess.STDOUT, env=self.env(**extra), cwd=self.root)
+                [*wrap, sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.model),
+                 "--port", str(port), *flags],
+                stdout=fh, stderr=subprocess.STDOUT, env=self.env(**extra), cwd=self.root)
         srv = Server(proc, log, port)
         self.servers.append(srv)
         return srv

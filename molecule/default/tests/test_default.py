@@ -31,9 +31,10 @@ def test_unit_has_the_pcie_nccl_settings(host):
         assert setting in env
 
 
-def test_unit_passes_systemd_analyze_verify(host):
+def test_unit_passes_systemd_analyze_verify_silently(host):
+    # systemd ignores some bad settings with only a warning and exits 0: nothing may be printed.
     result = host.run("systemd-analyze verify /etc/systemd/system/sglang.service")
-    assert result.rc == 0, result.stderr
+    assert (result.rc, result.stdout + result.stderr) == (0, "")
 
 
 def test_service_runs_as_the_service_user(host):

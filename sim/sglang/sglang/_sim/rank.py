@@ -16,6 +16,7 @@ import sys
 import time
 
 from . import gpu as G
+from . import hostfs as H
 from . import tracebacks as TB
 from .clock import Clock
 from .logs import emit, line
@@ -59,6 +60,27 @@ def failure_text(kind: str, payload, arch: str) -> str:
     return f"Traceback (most recent call last):\nRuntimeError: {kind}"
 
 
+# What a rank does to its host when it reaches a phase (the log line that opens it), as real SGLang does.
+def host_step(message: str, job: dict) -> None:
+    visible = job["visible"]
+    if message.startswith("Init torch distributed begin"):
+        H.cuda_init(job["gpu"], visible)  # set_device
+        H.nccl_segment()  # the communicators' shared memory
+        if job.get("p2p_check"):  # custom all-reduce on a 2-GPU TP group
+            H.p2p_access_cache(visible, writer=job["gpu"] == 0)
+    elif message.startswith("Load weight end"):
+        H.triton_first_kernel()  # weight post-processing runs the first Triton kernels
+        H.flashinfer_jit()
+
+
+def fail(clock: Clock, prefix: str, parent: int, text: str) -> None:
+    line(clock, prefix, "Scheduler hit an exception: " + text)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(parent, signal.SIGQUIT)
+    while True:
+        time.sleep(3600)
+
+
 def main() -> None:
     die_with_parent()
     job = json.loads(sys.stdin.readline())
@@ -69,8 +91,7 @@ def main() -> None:
     set_title(title)
     ready_fd = int(os.environ.pop("SGLANG_SIM_READY_FD", "-1"))
     if ready_fd >= 0:
-        os.write(ready_fd, b"1")
-        os.close(ready_fd)
+        os.write(ready_fd, b"1")  # up; b"2" follows when this rank is ready to serve
     clock = Clock(float(sys.stdin.readline()))
     prefix = job["prefix"]
     visible = job["visible"]
@@ -80,6 +101,13 @@ def main() -> None:
         clock.sleep_until(t)
         if kind in ("log", "warn"):
             line(clock, prefix, payload)
+            if kind == "log":
+                began = time.time()
+                try:
+                    host_step(payload, job)
+                except H.HostDenied as exc:
+                    fail(clock, prefix, parent, str(exc))
+                clock.wall_start += time.time() - began  # real work (a compile) delays the rest of the plan
         elif kind == "raw":
             emit(payload)
         elif kind == "mem":
@@ -87,16 +115,14 @@ def main() -> None:
             G.write_state(pid, title, used, {"server_pid": parent})
         elif kind == "fail":
             fkind, fpayload = payload
-            line(clock, prefix, "Scheduler hit an exception: " + failure_text(fkind, fpayload, job["arch"]))
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(parent, signal.SIGQUIT)
-            while True:
-                time.sleep(3600)
+            fail(clock, prefix, parent, failure_text(fkind, fpayload, job["arch"]))
         elif kind == "hang":
             while True:
                 time.sleep(3600)
-        elif kind == "ready":
-            pass
+        elif kind == "ready" and ready_fd >= 0:
+            os.write(ready_fd, b"2")
+            os.close(ready_fd)
+            ready_fd = -1
     while True:
         time.sleep(3600)
 

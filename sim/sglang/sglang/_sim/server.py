@@ -20,6 +20,7 @@ import time
 
 from . import faults as F
 from . import gpu as G
+from . import hostfs as H
 from . import tracebacks as TB
 from .args import parse_args
 from .clock import Clock
@@ -101,6 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.enable_dp_attention:
         line(clock, "", f"DP attention is enabled. The chunked prefill size is adjusted to "
                         f"{(args.chunked_prefill_size or 8192) // args.dp_size} to avoid MoE kernel issues. ")
+    if args.trust_remote_code:  # the tokenizer's code, copied by transformers into $HF_HOME/modules
+        try:
+            H.copy_remote_code(args.model_path)
+        except H.HostDenied as exc:
+            emit(str(exc))
+            sys.exit(1)
     spec = G.load_spec()
     visible = visible_gpus(spec)
     faults = F.active_faults(args, clock)
@@ -135,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         [os.path.dirname(TB.PKG)] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
     for rp in plan.ranks:
         job = {"parent": main_pid, "prefix": rp.rank.log_prefix, "title": rp.rank.proc_title,
-               "visible": visible, "arch": arch, "events": rp.events}
+               "visible": visible, "arch": arch, "events": rp.events, "gpu": rp.rank.gpu_id,
+               "p2p_check": args.tp_size == 2 and not getattr(args, "disable_custom_all_reduce", False)}
         p = subprocess.Popen([sys.executable, "-m", "sglang._sim.rank"], stdin=subprocess.PIPE, env=env,
                              pass_fds=(ready_w,))
         p.stdin.write(json.dumps(job).encode() + b"\n")
@@ -153,7 +161,6 @@ def main(argv: list[str] | None = None) -> None:
         if not chunk:
             break
         got += len(chunk)
-    os.close(ready_r)
     clock.wall_start = time.time()
     for p in CHILDREN:
         with contextlib.suppress(BrokenPipeError):
@@ -167,6 +174,17 @@ def main(argv: list[str] | None = None) -> None:
         while True:
             time.sleep(3600)
     clock.sleep_until(plan.ready_at)
+    # Like SGLang's main process, serve only once every scheduler says it is ready: a rank that spent real
+    # time on its host (a first Triton compile) is later than the plan.
+    began, ready = time.time(), 0
+    while ready < len(CHILDREN) and not _DYING.is_set():
+        if select.select([ready_r], [], [], 0.2)[0]:
+            chunk = os.read(ready_r, 64)
+            if not chunk:
+                break
+            ready += chunk.count(b"2")
+    os.close(ready_r)
+    clock.wall_start += time.time() - began
     if _DYING.is_set():
         while True:
             time.sleep(3600)

@@ -6,6 +6,7 @@ ModelRunner -> loader -> model constructor); line numbers are indicative, not ta
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -26,9 +27,10 @@ _HEAD = [
 def _frames(frames: list[tuple]) -> str:
     out = ["Traceback (most recent call last):"]
     for path, line, func, code in frames:
-        full = path if path.startswith("/") else os.path.join(PKG, path)
+        full = path if path.startswith(("/", "<")) else os.path.join(PKG, path)
         out.append(f'  File "{full}", line {line}, in {func}')
-        out.append(f"    {code}")
+        if code:
+            out.append(f"    {code}")
     return "\n".join(out)
 
 
@@ -124,9 +126,14 @@ def graph_oom(message: str) -> str:
     return _frames(frames) + f"\nException: Capture cuda graph failed: {message}\n{GRAPH_HELP}"
 
 
-def nccl_error() -> str:
-    frames = _HEAD + [
-        ("srt/model_executor/model_runner.py", 300, "initialize", "min_per_gpu_memory = self.init_torch_distributed()"),
+_DIST_INIT = _HEAD + [
+    ("srt/model_executor/model_runner.py", 300, "initialize", "min_per_gpu_memory = self.init_torch_distributed()"),
+]
+
+
+def nccl_error(segment: str = "/dev/shm/nccl-2Bq3Kx", size: int = 9637888, err: int = errno.ENOSPC) -> str:
+    """NCCL's failure to create its shared-memory segment (shmutils.cc), as PyTorch raises it."""
+    frames = _DIST_INIT + [
         ("srt/model_executor/model_runner.py", 680, "init_torch_distributed", "initialize_model_parallel("),
         ("srt/distributed/parallel_state.py", 1490, "initialize_model_parallel", "_TP = init_model_parallel_group("),
         ("srt/distributed/parallel_state.py", 1290, "init_model_parallel_group", "return GroupCoordinator("),
@@ -142,9 +149,146 @@ def nccl_error() -> str:
         "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\n"
         "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \n"
         "Last error:\n"
-        "Error while creating shared memory segment /dev/shm/nccl-2Bq3Kx (size 9637888), "
-        "error: No space left on device (28)"
+        f"Error while creating shared memory segment {segment} (size {size}), "
+        f"error: {os.strerror(err)} ({err})"
     )
+
+
+_SET_DEVICE = _DIST_INIT + [
+    ("srt/model_executor/model_runner.py", 626, "init_torch_distributed",
+     "torch.get_device_module(self.device).set_device(self.gpu_id)"),
+    (os.path.join(TORCH, "cuda/__init__.py"), 567, "set_device", "torch._C._cuda_setDevice(device)"),
+]
+
+
+def cuda_no_gpus() -> str:
+    """cuInit finds no device (the control node cannot be opened): PyTorch's lazy init."""
+    frames = _SET_DEVICE + [(os.path.join(TORCH, "cuda/__init__.py"), 412, "_lazy_init", "torch._C._cuda_init()")]
+    return _frames(frames) + "\nRuntimeError: No CUDA GPUs are available"
+
+
+def cuda_unknown_error() -> str:
+    """cuInit fails with CUDA_ERROR_UNKNOWN (no usable /dev/nvidia-uvm): c10's device_count_impl."""
+    frames = _SET_DEVICE + [(os.path.join(TORCH, "cuda/__init__.py"), 412, "_lazy_init", "torch._C._cuda_init()")]
+    return _frames(frames) + (
+        "\nRuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing "
+        "env variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero.")
+
+
+def _makedirs_frames() -> list[tuple]:
+    return [("<frozen os>", 215, "makedirs", None), ("<frozen os>", 225, "makedirs", "mkdir(name, mode)")]
+
+
+def _oserror(exc: OSError) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def p2p_cache_error(exc: OSError) -> str:
+    frames = _DIST_INIT + [
+        ("srt/model_executor/model_runner.py", 680, "init_torch_distributed", "initialize_model_parallel("),
+        ("srt/distributed/parallel_state.py", 1490, "initialize_model_parallel", "_TP = init_model_parallel_group("),
+        ("srt/distributed/parallel_state.py", 1290, "init_model_parallel_group", "return GroupCoordinator("),
+        ("srt/distributed/parallel_state.py", 330, "__init__", "self.ca_comm = CustomAllreduce("),
+        ("srt/distributed/device_communicators/custom_all_reduce.py", 83, "__init__",
+         "full_nvlink = can_use_custom_all_reduce_with_nvlink("),
+        ("srt/distributed/device_communicators/custom_all_reduce_utils.py", 464,
+         "can_use_custom_all_reduce_with_nvlink",
+         "if not _is_hip and not can_p2p(rank, world_size):"),
+        ("srt/distributed/device_communicators/custom_all_reduce_utils.py", 320, "can_p2p",
+         "if not gpu_p2p_access_check(i, j):"),
+        ("srt/distributed/device_communicators/custom_all_reduce_utils.py", 267, "gpu_p2p_access_check",
+         "os.makedirs(os.path.dirname(path), exist_ok=True)"),
+    ] + _makedirs_frames()
+    return _frames(frames) + "\n" + _oserror(exc)
+
+
+_TRITON = os.path.join(SITE, "triton")
+_FIRST_KERNEL = _HEAD + [
+    ("srt/model_executor/model_runner.py", 341, "initialize", "self.load_model()"),
+    ("srt/model_executor/model_runner.py", 820, "load_model", "self.model = get_model("),
+    ("srt/model_loader/__init__.py", 28, "get_model", "return loader.load_model("),
+    ("srt/model_loader/loader.py", 612, "load_model", "self.load_weights_and_postprocess("),
+    ("srt/model_loader/loader.py", 652, "load_weights_and_postprocess",
+     "quant_method.process_weights_after_loading(module)"),
+    (os.path.join(_TRITON, "runtime/jit.py"), 419, "<lambda>",
+     "return lambda *args, **kwargs: self.run(grid=grid, warmup=False, *args, **kwargs)"),
+    (os.path.join(_TRITON, "runtime/jit.py"), 733, "run", "device = driver.active.get_current_device()"),
+    (os.path.join(_TRITON, "runtime/driver.py"), 28, "__getattr__", "return getattr(self._initialize_obj(), name)"),
+    (os.path.join(_TRITON, "runtime/driver.py"), 24, "_initialize_obj", "self._obj = self._init_fn()"),
+    (os.path.join(_TRITON, "backends/nvidia/driver.py"), 724, "__init__", "self.utils = CudaUtils()"),
+    (os.path.join(_TRITON, "backends/nvidia/driver.py"), 86, "__init__",
+     'mod = compile_module_from_src(src=Path(os.path.join(dirname, "driver.c")).read_text(),'),
+]
+
+
+def triton_cache_error(exc: OSError) -> str:
+    frames = _FIRST_KERNEL + [
+        (os.path.join(_TRITON, "runtime/build.py"), 88, "compile_module_from_src", "cache = get_cache_manager(key)"),
+        (os.path.join(_TRITON, "runtime/cache.py"), 276, "get_cache_manager",
+         "return __cache_cls(_base32(key))"),
+        (os.path.join(_TRITON, "runtime/cache.py"), 71, "__init__", "os.makedirs(self.cache_dir, exist_ok=True)"),
+    ] + _makedirs_frames()
+    return _frames(frames) + "\n" + _oserror(exc)
+
+
+def triton_no_compiler() -> str:
+    frames = _FIRST_KERNEL + [
+        (os.path.join(_TRITON, "runtime/build.py"), 98, "compile_module_from_src",
+         "so = _build(name, src_path, tmpdir, library_dirs or [], include_dirs or [], libraries or [], ccflags or [])"),
+        (os.path.join(_TRITON, "runtime/build.py"), 32, "_build", "raise RuntimeError("),
+    ]
+    return _frames(frames) + ("\nRuntimeError: Failed to find C compiler. Please specify via CC environment "
+                              "variable or set triton.knobs.build.impl.")
+
+
+def triton_compile_error(cmd: list[str], returncode: int) -> str:
+    frames = _FIRST_KERNEL + [
+        (os.path.join(_TRITON, "runtime/build.py"), 98, "compile_module_from_src",
+         "so = _build(name, src_path, tmpdir, library_dirs or [], include_dirs or [], libraries or [], ccflags or [])"),
+        (os.path.join(_TRITON, "runtime/build.py"), 51, "_build",
+         "subprocess.check_call(cc_cmd, stdout=subprocess.DEVNULL)"),
+        ("/usr/lib/python3.11/subprocess.py", 413, "check_call", "raise CalledProcessError(retcode, cmd)"),
+    ]
+    return _frames(frames) + (f"\nsubprocess.CalledProcessError: Command '{cmd!r}' returned non-zero exit status "
+                              f"{returncode}.")
+
+
+def flashinfer_cache_error(exc: OSError) -> str:
+    fi = os.path.join(SITE, "flashinfer")
+    frames = _HEAD + [
+        ("srt/model_executor/model_runner.py", 370, "initialize", "self.init_attention_backend()"),
+        ("srt/model_executor/model_runner.py", 1702, "init_attention_backend",
+         "self.attn_backend = self._get_attention_backend()"),
+        (os.path.join(fi, "jit/core.py"), 296, "build_and_load",
+         "with FileLock(self.lock_path, thread_local=False):"),
+        (os.path.join(SITE, "filelock/_api.py"), 376, "__enter__", "self.acquire()"),
+        (os.path.join(SITE, "filelock/_api.py"), 332, "acquire", "self._acquire()"),
+        (os.path.join(SITE, "filelock/_unix.py"), 42, "_acquire",
+         "fd = os.open(self.lock_file, open_flags, self._context.mode)"),
+    ]
+    if exc.filename and not str(exc.filename).endswith(".lock"):
+        frames = frames[:-3] + [(os.path.join(fi, "jit/core.py"), 290, "build_and_load",
+                                 "os.makedirs(self.build_dir, exist_ok=True)")] + _makedirs_frames()
+    return _frames(frames) + "\n" + _oserror(exc)
+
+
+def remote_code_error(exc: OSError) -> str:
+    tf = os.path.join(SITE, "transformers")
+    frames = [
+        (os.path.join(PKG, "launch_server.py"), 32, "<module>", "launch_server(server_args)"),
+        ("srt/entrypoints/http_server.py", 1690, "launch_server", "_launch_subprocesses(server_args=server_args)"),
+        ("srt/entrypoints/engine.py", 870, "_launch_subprocesses", "tokenizer_manager = TokenizerManager("),
+        ("srt/managers/tokenizer_manager.py", 262, "__init__", "self.tokenizer = get_tokenizer("),
+        ("srt/utils/hf_transformers_utils.py", 570, "get_tokenizer", "tokenizer = AutoTokenizer.from_pretrained("),
+        (os.path.join(tf, "models/auto/tokenization_auto.py"), 1101, "from_pretrained",
+         "tokenizer_class = get_class_from_dynamic_module(class_ref, pretrained_model_name_or_path, **kwargs)"),
+        (os.path.join(tf, "dynamic_module_utils.py"), 570, "get_class_from_dynamic_module",
+         "final_module = get_cached_module_file("),
+        (os.path.join(tf, "dynamic_module_utils.py"), 360, "get_cached_module_file", "init_hf_modules()"),
+        (os.path.join(tf, "dynamic_module_utils.py"), 60, "init_hf_modules",
+         "os.makedirs(HF_MODULES_CACHE, exist_ok=True)"),
+    ] + _makedirs_frames()
+    return _frames(frames) + "\n" + _oserror(exc)
 
 
 def invalid_ordinal() -> str:
