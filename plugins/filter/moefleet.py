@@ -1,7 +1,7 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
 profiles and decide rollbacks with the very code the CLI runs: moefleet_plan, moefleet_profile_args,
 moefleet_fallback_ladder, moefleet_opening_attempt, moefleet_next_step, moefleet_rollback_summary,
-moefleet_history, moefleet_attempt."""
+moefleet_history, moefleet_attempt; and for the controller checks moefleet_host_inputs and moefleet_origins."""
 
 from __future__ import annotations
 
@@ -76,6 +76,43 @@ def moefleet_attempt(attempt):
     return rollback.attempt_only(attempt)
 
 
+def moefleet_host_inputs(hosts, hostvars, names):
+    """Per host, the variables of ``names`` it defines (inventory, -e), for the controller checks:
+    ``{{ groups['blackwell'] | moefleet_host_inputs(hostvars, [...]) }}``. The HF token never leaves here:
+    a host whose sglang_model_gated is true gets ``sglang_model_hf_token_set`` (whether it is non-empty)."""
+    inputs = {}
+    for host in hosts:
+        own = hostvars[host]
+        values = {name: own[name] for name in names if name in own}
+        if profiles.parse_bool(values.get("sglang_model_gated", False)):
+            values["sglang_model_hf_token_set"] = bool(own.get("sglang_model_hf_token") or "")
+        inputs[host] = values
+    return inputs
+
+
+def moefleet_origins(value):
+    """Where each path inside ``value`` (``mine/flags/tp_size``) was written, as ``FILE, line N`` (or
+    ``<CLI option '-e'>``), from the origin ansible-core 2.19 tags data with; empty where it keeps none."""
+    try:
+        from ansible._internal._datatag._tags import Origin
+    except ImportError:  # another ansible-core: messages then name the path only
+        return {}
+    origins = {}
+
+    def walk(current, path):
+        if not isinstance(current, dict):
+            return
+        for key, child in current.items():
+            here = f"{path}/{key}" if path else str(key)
+            origin = Origin.get_tag(key) or Origin.get_tag(child)
+            if origin is not None:
+                origins[here] = f"{origin.path}, line {origin.line_num}" if origin.line_num else str(origin)
+            walk(child, here)
+
+    walk(value, "")
+    return origins
+
+
 class FilterModule:
     """moefleet filters."""
 
@@ -89,4 +126,6 @@ class FilterModule:
             "moefleet_rollback_summary": moefleet_rollback_summary,
             "moefleet_history": moefleet_history,
             "moefleet_attempt": moefleet_attempt,
+            "moefleet_host_inputs": moefleet_host_inputs,
+            "moefleet_origins": moefleet_origins,
         }

@@ -11,6 +11,9 @@ dashes (``tp_size: 8``).
 from __future__ import annotations
 
 import copy
+import math
+import posixpath
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,17 +45,20 @@ def merge_catalog(shipped: Mapping[str, Any], extra: Mapping[str, Any] | None = 
             "Extra profiles must be a mapping of profile name to profile, not "
             f"{type(extra).__name__}; pass them as YAML in inventory or as JSON with -e '{{...}}'."
         )
-    if "profiles" in extra or "nccl_sets" in extra:
-        extra_profiles = extra.get("profiles") or {}
-        extra_sets = extra.get("nccl_sets") or {}
-    else:
-        extra_profiles, extra_sets = extra, {}
+    extra_profiles, extra_sets = extra_parts(extra)
     for key, addition in (("profiles", extra_profiles), ("nccl_sets", extra_sets)):
         if not isinstance(addition, Mapping):
             raise ProfileError(f"Extra {key} must be a mapping of name to definition.")
         base = merged.get(key)
         merged[key] = {**(base if isinstance(base, Mapping) else {}), **copy.deepcopy(dict(addition))}
     return merged
+
+
+def extra_parts(extra: Mapping[str, Any]) -> tuple[Any, Any]:
+    """Operator additions as ``(profiles, nccl_sets)``: catalog-shaped, or a bare mapping of profiles."""
+    if "profiles" in extra or "nccl_sets" in extra:
+        return extra.get("profiles") or {}, extra.get("nccl_sets") or {}
+    return extra, {}
 
 
 def profile_names(catalog: Mapping[str, Any]) -> list[str]:
@@ -109,6 +115,9 @@ def flag_problems(name: str, profile: Mapping[str, Any]) -> list[str]:
     flags = profile.get("flags")
     if not isinstance(flags, Mapping):
         return [f"profiles/{name}/flags: must be a mapping of SGLang flags."]
+    bounds = flag_value_problems(f"profiles/{name}/flags", flags)
+    if bounds:
+        return bounds
     try:
         layout = planner.Layout.from_flags(flags)
     except (TypeError, ValueError) as exc:
@@ -128,6 +137,10 @@ def catalog_problems(catalog: Mapping[str, Any]) -> list[str]:
     problems: list[str] = []
     profiles = catalog.get("profiles") or {}
     sets = catalog.get("nccl_sets") or {}
+    for key, names in (("nccl_sets", sets), ("profiles", profiles)):
+        problems.extend(p for p in (name_problem(key, name) for name in names) if p)
+    if problems:
+        return problems
     for name, profile in profiles.items():
         if not isinstance(profile, Mapping):
             continue
@@ -149,15 +162,40 @@ def catalog_problems(catalog: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def validate_catalog(catalog: Any, schema: Mapping[str, Any] | None = None) -> None:
-    """Raise ProfileError listing every problem (schema first, then cross-references), one per line."""
+def validate_catalog(
+    catalog: Any, schema: Mapping[str, Any] | None = None, origins: Mapping[str, str] | None = None
+) -> None:
+    """Raise ProfileError listing every problem (schema first, then cross-references), one per line.
+
+    ``origins`` maps catalog paths (``profiles/tp8/flags``) to where they were written (``FILE, line N``);
+    each problem starts with the nearest one (see catalog_origins).
+    """
     problems = schema_errors(catalog, schema) if schema is not None else []
     if not problems and isinstance(catalog, Mapping):
         problems = catalog_problems(catalog)
     elif not isinstance(catalog, Mapping):
         problems = problems or ["(top level): the catalog must be a mapping."]
     if problems:
-        raise ProfileError("The profile catalog is not valid:\n" + "\n".join(problems))
+        located = [_located(problem, origins or {}) for problem in problems]
+        raise ProfileError("The profile catalog is not valid:\n" + "\n".join(located))
+
+
+def _located(problem: str, origins: Mapping[str, str]) -> str:
+    """``FILE, line N: path: message`` for the longest prefix of the problem's path (at least the profile
+    or NCCL set, never just ``profiles``) that has an origin."""
+    path = problem.split(": ", 1)[0]
+    parts = path.split("/")
+    printable = {_printable(key): where for key, where in origins.items()}
+    for end in range(len(parts), min(2, len(parts)) - 1, -1):
+        where = printable.get("/".join(parts[:end]))
+        if where:
+            return f"{where}: {problem}"
+    return problem
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (a name's trailing newline shows as ``\\n``)."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 def sglang_args(profile: Mapping[str, Any]) -> list[str]:
@@ -225,3 +263,242 @@ _TYPE_EXAMPLES = {int: "8", float: "0.85", bool: "true", dict: '{"name": {...}}'
 
 def _as_tuple(expected: type | tuple[type, ...]) -> tuple[type, ...]:
     return expected if isinstance(expected, tuple) else (expected,)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Controller checks of what operators type: names, numbers, booleans, each host's inputs
+# ---------------------------------------------------------------------------------------------------
+
+# fullmatch, not the schema's "$", which in Python also matches before a trailing newline.
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+
+
+def name_problem(key: str, name: Any) -> str | None:
+    """A sentence when ``name``, a profile or NCCL set name under ``key``, is not a safe name, else None."""
+    if isinstance(name, str) and NAME_PATTERN.fullmatch(name):
+        return None
+    return (
+        f"{key}/{_printable(str(name))}: {name!r} is not a usable name; rename it to 1 to 40 lower-case letters, "
+        "digits, '_' or '-', starting with a letter (it ends up in the unit's Description= and file names)."
+    )
+
+
+# Inclusive bounds of SGLang's whole-number flags; far above any single host, far below what breaks a
+# unit file or SGLang's argument parser.
+FLAG_BOUNDS: dict[str, tuple[int, int]] = {
+    "tp_size": (1, 64),
+    "ep_size": (1, 64),
+    "pp_size": (1, 64),
+    "dp_size": (1, 64),
+    "cuda_graph_max_bs": (1, 4096),
+    "chunked_prefill_size": (-1, 1 << 20),
+    "context_length": (1, 10 << 20),
+    "max_running_requests": (1, 1 << 16),
+    "watchdog_timeout": (1, 1 << 20),
+    "port": (1, 65535),
+}
+# Any other whole-number flag (from sglang_service_extra_flags): SGLang's own -1 up to a C int.
+OTHER_INT_BOUNDS = (-1, (1 << 31) - 1)
+
+
+def flag_value_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
+    """Numbers in a flag mapping that SGLang cannot take: out-of-bounds or fractional whole-number flags,
+    non-finite fractions. One sentence each, starting with ``path/flag``."""
+    problems: list[str] = []
+    for key, value in flags.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        low, high = FLAG_BOUNDS.get(str(key), OTHER_INT_BOUNDS)
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{path}/{key}: {value} is not a number SGLang can take; give a finite value.")
+        elif isinstance(value, float) and (str(key) in FLAG_BOUNDS or value.is_integer()):
+            problems.append(f"{path}/{key}: write a whole number from {low} to {high}, not {value!r}.")
+        elif isinstance(value, int) and not low <= value <= high:
+            problems.append(f"{path}/{key}: {value} is out of range; give a whole number from {low} to {high}.")
+    return problems
+
+
+BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def parse_bool(value: Any) -> bool | None:
+    """``value`` as a boolean when it is one of the forms -e passes (true/false, yes/no, 1/0, any case,
+    as strings or as YAML/JSON booleans and 0/1), else None."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        return BOOL_WORDS.get(value.strip().lower())
+    return None
+
+
+def bool_problem(name: str, value: Any, host: str | None = None) -> str | None:
+    """A sentence naming the variable when ``value`` is not a boolean form, else None."""
+    if parse_bool(value) is not None:
+        return None
+    where = f" for {host}" if host else ""
+    return (
+        f"{name} is {value!r}{where}, which is not a boolean; set it to true or false "
+        f"(yes/no and 1/0 work too), e.g. -e {name}=true."
+    )
+
+
+def whole_number(name: str, value: Any, low: int, high: int, host: str | None = None) -> tuple[int | None, str | None]:
+    """``(number, None)`` for a whole number (or its digits as -e passes them) within bounds, else
+    ``(None, sentence)``."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value.strip()):
+        number = int(value)
+    if number is not None and low <= number <= high:
+        return number, None
+    where = f" for {host}" if host else ""
+    return None, f"{name} is {value!r}{where}; set it to a whole number from {low} to {high}."
+
+
+HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+HF_COMMIT = re.compile(r"[0-9a-f]{40}")
+MODEL_SOURCES = ("huggingface", "prestaged")
+
+
+def model_source_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
+    """The sglang_model role's inputs for one host, as sentences: a known source, an absolute path, and
+    for huggingface a repo, a 40-hex commit and, for a gated model, a token (``sglang_model_hf_token_set``)."""
+    source = inputs.get("sglang_model_source", "huggingface")
+    path = inputs.get("sglang_model_path")
+    problems: list[str] = []
+    if source not in MODEL_SOURCES:
+        return [
+            f"sglang_model_source is {source!r} for {host}; set it to huggingface (download the pinned revision) "
+            "or prestaged (a copy already on the host)."
+        ]
+    if not isinstance(path, str) or not path.startswith("/") or posixpath.normpath(path) != path.rstrip("/"):
+        what = "the copy already on the host" if source == "prestaged" else "the download's target directory"
+        problems.append(f"sglang_model_path is {path!r} for {host}; set it to the absolute path of {what}.")
+    if source == "prestaged":
+        return problems
+    repo = inputs.get("sglang_model_repo")
+    if not isinstance(repo, str) or not HF_REPO.fullmatch(repo):
+        problems.append(
+            f"sglang_model_repo is {repo!r} for {host}; set it to the Hugging Face repository as owner/name "
+            "(e.g. moonshotai/Kimi-K2.6)."
+        )
+    revision = inputs.get("sglang_model_revision")
+    if not isinstance(revision, str) or not HF_COMMIT.fullmatch(revision):
+        problems.append(
+            f"sglang_model_revision is {revision!r} for {host}; set it to the 40-hex commit hash of "
+            f"{repo} to serve (a branch or tag would change under you), or set sglang_model_source=prestaged "
+            "for a copy already on the host."
+        )
+    if parse_bool(inputs.get("sglang_model_gated", False)) and not inputs.get("sglang_model_hf_token_set"):
+        problems.append(
+            f"{repo} is gated (sglang_model_gated) but sglang_model_hf_token is empty for {host}; put a token "
+            "that may read it in vault as sglang_model_hf_token and run with --ask-vault-pass."
+        )
+    return problems
+
+
+GPU_COUNT_BOUNDS = (1, 64)
+
+
+def host_problems(
+    host: str,
+    inputs: Mapping[str, Any],
+    catalog: Mapping[str, Any],
+    profile: str,
+    booleans: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """Every controller-side problem of one host's inputs, as sentences naming the variable and the fix.
+
+    ``inputs`` holds the variables the host defines (inventory, -e) over the roles' defaults; ``profile``
+    is the resolved profile name. Checked: each documented boolean in ``booleans``; the GPUs every profile
+    on ``profile``'s fallback ladder starts against ``nvidia_driver_expected_gpu_count`` (fewer is allowed
+    only with moefleet_allow_unfit); ``sglang_service_extra_flags``; the model source.
+    """
+    problems = [p for p in (bool_problem(n, inputs[n], host) for n in booleans if n in inputs) if p]
+    gpus, problem = whole_number(
+        "nvidia_driver_expected_gpu_count", inputs.get("nvidia_driver_expected_gpu_count", 8), *GPU_COUNT_BOUNDS, host
+    )
+    if problem:
+        problems.append(problem)
+    allow_unfit = parse_bool(inputs.get("moefleet_allow_unfit", False)) is True
+    for name in fallback_ladder(catalog, profile) if gpus else ():
+        layout = planner.Layout.from_flags(catalog["profiles"][name]["flags"])
+        if layout.gpus_used == gpus or (layout.gpus_used < gpus and allow_unfit):
+            continue
+        which = f"Profile {name}" + (f" (on {profile}'s fallback ladder)" if name != profile else "")
+        wanted = planner.suggest_full_host_layout(layout, gpus)
+        if layout.gpus_used > gpus:
+            fix = f"pick a profile for {gpus} GPUs, or correct nvidia_driver_expected_gpu_count"
+        elif wanted is not None:
+            fix = f"use {wanted.cli()} to spread it over all {gpus}, or set moefleet_allow_unfit=true to start it"
+        else:
+            fix = f"use a layout that starts {gpus} GPUs, or set moefleet_allow_unfit=true to start it"
+        problems.append(
+            f"{which} starts {layout.gpus_used} GPUs ({layout.cli()}) but the inventory declares {gpus} for {host} "
+            f"(nvidia_driver_expected_gpu_count): {fix}."
+        )
+    extra_flags = inputs.get("sglang_service_extra_flags", {})
+    problem = extra_var_problem("sglang_service_extra_flags", extra_flags, dict)
+    if problem:
+        problems.append(problem)
+    else:
+        problems.extend(f"{host}: {p}" for p in flag_value_problems("sglang_service_extra_flags", extra_flags))
+    problems.extend(model_source_problems(host, inputs))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------
+# Where catalog entries were written: YAML files with their lines, for messages that name them
+# ---------------------------------------------------------------------------------------------------
+
+
+def load_yaml_lines(text: str, source: str) -> tuple[Any, dict[str, str]]:
+    """Parse YAML ``text`` read from ``source``: ``(data, origins)``, origins mapping each path
+    (``profiles/tp8/flags``) to ``"SOURCE, line N"``. A syntax error is a ProfileError naming the line."""
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ProfileError(f"{source}{where}: not valid YAML ({problem}); fix the file there.") from None
+    origins: dict[str, str] = {}
+
+    def walk(current: Any, path: str) -> None:
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                child = f"{path}/{key.value}" if path else str(key.value)
+                origins[child] = f"{source}, line {key.start_mark.line + 1}"
+                walk(value, child)
+        elif isinstance(current, yaml.SequenceNode):
+            for index, value in enumerate(current.value):
+                child = f"{path}/{index}" if path else str(index)
+                origins[child] = f"{source}, line {value.start_mark.line + 1}"
+                walk(value, child)
+
+    walk(node, "")
+    return data, origins
+
+
+def catalog_origins(shipped: Mapping[str, str], extra: Any, extra_origins: Mapping[str, str] | None) -> dict[str, str]:
+    """Origins of the merged catalog: the shipped file's, except for profiles and NCCL sets the operator's
+    additions replace, whose paths (relative to ``extra``, in either shape merge_catalog takes) point at
+    where the operator wrote them."""
+    origins = dict(shipped)
+    if not isinstance(extra, Mapping) or not extra:
+        return origins
+    shaped = "profiles" in extra or "nccl_sets" in extra
+    replaced = []
+    for key, addition in zip(("profiles", "nccl_sets"), extra_parts(extra), strict=True):
+        if isinstance(addition, Mapping):
+            replaced += [f"{key}/{name}" for name in addition]
+    origins = {p: o for p, o in origins.items() if not any(p == r or p.startswith(r + "/") for r in replaced)}
+    for path, where in (extra_origins or {}).items():
+        origins[path if shaped else f"profiles/{path}"] = where
+    return origins

@@ -12,12 +12,17 @@ description:
   - Merges the shipped catalog with the operator's additions, validates it against its JSON Schema
     and its cross-references (flag invariants, NCCL sets, fallbacks), and resolves the profile every
     host is to serve (C(-e profile=NAME) overrides the hosts' C(sglang_profile)).
-  - Every problem is reported as a sentence (schema errors as C(path) colon message), before any host is touched.
+  - Checks each host's inputs the roles would otherwise read only on the host, after installing the driver,
+    CUDA, SGLang and the model; safe profile names, bounds of every numeric flag, the documented booleans
+    (true/false, yes/no, 1/0 as C(-e) passes them), the GPUs each profile on the host's fallback ladder
+    starts against C(nvidia_driver_expected_gpu_count), and the model source.
+  - Every problem is reported as a sentence (schema errors as C(path) colon message, after the file and
+    line it was written at), before any host is touched.
   - Runs on the controller (C(hosts: localhost)); it changes nothing.
 options:
-  catalog:
-    description: The shipped catalog (profiles/catalog.yml, parsed).
-    type: dict
+  catalog_path:
+    description: The shipped catalog file (profiles/catalog.yml) on the controller; read here, so errors name its lines.
+    type: path
     required: true
   schema:
     description: The catalog's JSON Schema (schemas/profile_catalog.schema.json, parsed).
@@ -26,6 +31,10 @@ options:
   extra_profiles:
     description: Operator additions, a mapping of name to profile or a catalog-shaped mapping.
     type: raw
+  extra_profiles_origins:
+    description: Where each path of O(extra_profiles) was written (C(FILE, line N)), from the moefleet_origins filter.
+    type: dict
+    default: {}
   requested:
     description: The profile given with C(-e profile=NAME); overrides every host's own.
     type: raw
@@ -33,13 +42,28 @@ options:
     description: Each target host's C(sglang_profile) (or null), keyed by host name.
     type: dict
     default: {}
+  host_inputs:
+    description:
+      - Per host, the variables it defines that the checks read (inventory and C(-e)), from the moefleet_host_inputs
+        filter; the HF token only as C(sglang_model_hf_token_set).
+    type: dict
+    default: {}
+  role_defaults:
+    description: The roles' defaults for those variables, laid under each host's inputs.
+    type: dict
+    default: {}
+  booleans:
+    description: Names of the documented boolean variables (roles' argument specs and playbooks) to check.
+    type: list
+    elements: str
+    default: []
 author: moefleet
 """
 
 EXAMPLES = r"""
 - name: Validate the catalog and resolve profiles
   moefleet_profile:
-    catalog: "{{ lookup('file', 'profiles/catalog.yml') | from_yaml }}"
+    catalog_path: profiles/catalog.yml
     schema: "{{ lookup('file', 'schemas/profile_catalog.schema.json') | from_json }}"
     requested: "{{ profile | default(omit) }}"
     host_profiles:
@@ -58,14 +82,30 @@ hosts:
   type: dict
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.profiles import (
     ProfileError,
+    catalog_origins,
     extra_var_problem,
+    host_problems,
+    load_yaml_lines,
     merge_catalog,
     resolve_profile,
     validate_catalog,
 )
+
+
+def read_catalog(path):
+    """The shipped catalog and the line each of its paths was written at."""
+    source = os.path.normpath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ProfileError(f"The profile catalog {source} cannot be read ({exc.strerror}); restore it.") from None
+    return load_yaml_lines(text, source)
 
 
 def resolve(params):
@@ -74,8 +114,10 @@ def resolve(params):
         problem = extra_var_problem("moefleet_extra_profiles", extra, dict)
         if problem:
             raise ProfileError(problem)
-    catalog = merge_catalog(params["catalog"], extra)
-    validate_catalog(catalog, params["schema"])
+    shipped, shipped_origins = read_catalog(params["catalog_path"])
+    catalog = merge_catalog(shipped, extra)
+    origins = catalog_origins(shipped_origins, extra, params["extra_profiles_origins"])
+    validate_catalog(catalog, params["schema"], origins)
     requested = params["requested"]
     if requested is not None:
         problem = extra_var_problem("profile", requested, str)
@@ -95,17 +137,27 @@ def resolve(params):
             raise ProfileError(f"{source}: {exc}") from None
         profile["name"] = name
         hosts[host] = profile
+    problems = []
+    for host, profile in hosts.items():
+        inputs = {**params["role_defaults"], **(params["host_inputs"].get(host) or {})}
+        problems += host_problems(host, inputs, catalog, profile["name"], params["booleans"])
+    if problems:
+        raise ProfileError("\n".join(problems))
     return catalog, hosts
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
-            "catalog": {"type": "dict", "required": True},
+            "catalog_path": {"type": "path", "required": True},
             "schema": {"type": "dict", "required": True},
             "extra_profiles": {"type": "raw"},
+            "extra_profiles_origins": {"type": "dict", "default": {}},
             "requested": {"type": "raw"},
             "host_profiles": {"type": "dict", "default": {}},
+            "host_inputs": {"type": "dict", "default": {}},
+            "role_defaults": {"type": "dict", "default": {}},
+            "booleans": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
