@@ -70,3 +70,24 @@ def verify_shards(shards: dict[str, dict]) -> list[str]:
                 f"{name} has {info['size']} bytes, its header says {info['expected_size']} (truncated?)"
             )
     return problems
+
+
+def local_revision(metadata: dict[str, str | None]) -> str | None:
+    """The commit a local-dir download of hf holds: {file: first line of .cache/huggingface/download/<file>.metadata
+    or None} -> the one commit all files share, else None (some file missing its record, or two commits)."""
+    commits = set(metadata.values())
+    return commits.pop() if len(commits) == 1 and None not in commits else None
+
+
+def bytes_to_download(remote: dict[str, int], local: dict[str, int]) -> int:
+    """Bytes still to fetch: each remote file's size less what a same-sized local copy already holds."""
+    return sum(size for name, size in remote.items() if local.get(name) != size)
+
+
+def disk_problem(needed: int, free: int, path: str, reserve: int) -> str | None:
+    """A sentence when NEEDED bytes (plus RESERVE) do not fit in FREE bytes of PATH's filesystem."""
+    if needed + reserve <= free:
+        return None
+    gib = 1024**3
+    return (f"the model needs {needed / gib:.1f} GiB more in {path} (plus {reserve / gib:.1f} GiB kept free) but its "
+            f"filesystem has {free / gib:.1f} GiB free: free space there or point sglang_model_path at a larger disk")

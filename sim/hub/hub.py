@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""The lab's stand-in of the Hugging Face Hub: build its content, run it in the lab's mirror container.
+
+    hub.py build [MIRROR_DIR]   the test models into MIRROR_DIR/hub (default: the lab's mirror directory),
+                                and the real hf client's wheels (huggingface_hub and its dependencies,
+                                fetched once with pip download into .lab/hub-wheels) as a PEP 503 index
+                                at MIRROR_DIR/hub/pypi/simple/
+    hub.py up                   start server.py inside the mirror container (http://moefleet-mirror:8081),
+                                unless it already answers
+    hub.py serve [--port P]     run server.py here, in the foreground (tests, a look by hand)
+
+Test and demo equipment: product code never names it. The models are small and deterministic, so their
+commit hashes are constants (REVISIONS below; inventory/sim carries the same values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+LAB = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab"))
+HUB_PORT = 8081
+MIRROR_CONTAINER = "moefleet-mirror"
+# The token the lab's Hub accepts (a test sentinel: tests look for it where no secret may be).
+LAB_HF_TOKEN = "hf_MoefleetLabSentinelToken7Qx9Zp"
+# huggingface_hub as SGLang 0.5.10's dependencies resolve it today (sglang[all] installs it on real hosts).
+HF_CLIENT_SPEC = "huggingface_hub==1.33.0"
+GATED_REPO = "moefleet-lab/tiny-moe"
+TOO_BIG_REPO = "moefleet-lab/too-big"
+# Above huggingface_hub's 10 MiB write chunk, so an interrupted download leaves bytes to resume from.
+PAGE = "<!DOCTYPE html><html><body>\n{}\n</body></html>\n"
+SHARD_TENSOR_BYTES = 12 * 1024 * 1024
+
+
+def _safetensors(name: str, seed: str) -> bytes:
+    data = random.Random(seed).randbytes(SHARD_TENSOR_BYTES)
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         name: {"dtype": "U8", "shape": [SHARD_TENSOR_BYTES], "data_offsets": [0, SHARD_TENSOR_BYTES]}},
+                        separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def model_files(version: int) -> dict[str, bytes]:
+    """The tiny gated model at its version 1 or 2 (2 changes config.json and the second shard)."""
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
+              "hidden_size": 64, "moefleet_lab_version": version}
+    index = {"metadata": {"total_size": 2 * SHARD_TENSOR_BYTES},
+             "weight_map": {"layers.0.w": "model-00001-of-00002.safetensors",
+                            "layers.1.w": "model-00002-of-00002.safetensors"}}
+    return {
+        "config.json": (json.dumps(config, indent=2) + "\n").encode(),
+        "model.safetensors.index.json": (json.dumps(index, indent=2) + "\n").encode(),
+        "model-00001-of-00002.safetensors": _safetensors("layers.0.w", "shard1"),
+        "model-00002-of-00002.safetensors": _safetensors("layers.1.w", f"shard2-v{version}"),
+    }
+
+
+def git_oid(content: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def _commit(files: dict[str, dict], parent: str) -> str:
+    return hashlib.sha1(json.dumps([parent, files], sort_keys=True).encode()).hexdigest()
+
+
+def build_hub(out: Path) -> dict:
+    """Write repos/, blobs/ and tokens.json under OUT; return {repo: [commit, ...]} oldest first."""
+    blobs = out / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    revisions: dict[str, list[str]] = {}
+
+    def entry(name: str, content: bytes) -> dict:
+        sha = hashlib.sha256(content).hexdigest()
+        if not (blobs / sha).exists():
+            (blobs / f"{sha}.tmp").write_bytes(content)
+            (blobs / f"{sha}.tmp").rename(blobs / sha)
+        return {"oid": git_oid(content), "sha256": sha, "size": len(content), "lfs": name.endswith(".safetensors")}
+
+    commits, parent = {}, ""
+    for version in (1, 2):
+        files = {name: entry(name, content) for name, content in model_files(version).items()}
+        parent = _commit(files, parent)
+        commits[parent] = {"files": files}
+    revisions[GATED_REPO] = list(commits)
+    repos = {GATED_REPO: {"gated": True, "refs": {"main": parent}, "commits": commits}}
+    # Announces a 1 PiB shard (its bytes are never served): the free-disk check must refuse it first.
+    small = model_files(1)
+    big_files = {name: entry(name, small[name]) for name in ("config.json", "model.safetensors.index.json")}
+    big_files["model-00001-of-00002.safetensors"] = {"oid": "0" * 40, "sha256": "f" * 64, "size": 2**50, "lfs": True}
+    big_files["model-00002-of-00002.safetensors"] = {"oid": "1" * 40, "sha256": "e" * 64, "size": 2**50, "lfs": True}
+    big = _commit(big_files, "")
+    revisions[TOO_BIG_REPO] = [big]
+    repos[TOO_BIG_REPO] = {"gated": True, "refs": {"main": big}, "commits": {big: {"files": big_files}}}
+    for repo_id, repo in repos.items():
+        path = out / "repos" / f"{repo_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(repo, indent=1) + "\n")
+    (out / "tokens.json").write_text(json.dumps([hashlib.sha256(LAB_HF_TOKEN.encode()).hexdigest()]) + "\n")
+    shutil.copy2(HERE / "server.py", out / "server.py")
+    return revisions
+
+
+def fetch_wheels(dest: Path) -> list[Path]:
+    """huggingface_hub and its dependencies for the lab hosts' Python (3.11, x86_64), fetched once."""
+    wheels = sorted(dest.glob("*.whl"))
+    if any(w.name.startswith("huggingface_hub-") for w in wheels):
+        return wheels
+    dest.mkdir(parents=True, exist_ok=True)
+    print(f"hub.py: fetching {HF_CLIENT_SPEC} and its dependencies into {dest} (once)", flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", HF_CLIENT_SPEC, "--only-binary=:all:", "--python-version", "3.11",
+           "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+           "--platform", "manylinux_2_28_x86_64", "-d", str(dest), "-q"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"hub.py: pip could not fetch {HF_CLIENT_SPEC} ({result.stderr.strip()[-400:]}); "
+                 f"put its wheels into {dest} by hand, or give pip a reachable index (PIP_INDEX_URL).")
+    return sorted(dest.glob("*.whl"))
+
+
+def write_index(wheels: list[Path], out: Path) -> None:
+    """A PEP 503 index of WHEELS at OUT/simple, files under OUT/packages."""
+    shutil.rmtree(out, ignore_errors=True)
+    projects: dict[str, list[Path]] = {}
+    for wheel in wheels:
+        name = wheel.name.split("-")[0].lower().replace("_", "-").replace(".", "-")
+        projects.setdefault(name, []).append(wheel)
+    (out / "simple").mkdir(parents=True)
+    (out / "packages").mkdir()
+    links = []
+    for name, files in sorted(projects.items()):
+        (out / "simple" / name).mkdir()
+        rows = []
+        for wheel in files:
+            shutil.copy2(wheel, out / "packages" / wheel.name)
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            quoted = html.escape(wheel.name)
+            rows.append(f'<a href="../../packages/{quoted}#sha256={digest}">{quoted}</a><br>')
+        (out / "simple" / name / "index.html").write_text(PAGE.format("\n".join(rows)))
+        links.append(f'<a href="{name}/">{name}</a><br>')
+    (out / "simple" / "index.html").write_text(PAGE.format("\n".join(links)))
+
+
+def build(mirror: Path) -> dict:
+    out = mirror / "hub"
+    revisions = build_hub(out)
+    write_index(fetch_wheels(LAB / "hub-wheels"), out / "pypi")
+    (out / "revisions.json").write_text(json.dumps(revisions, indent=1) + "\n")
+    print(f"hub.py: built {out} ({', '.join(f'{r}@{v[-1][:12]}' for r, v in revisions.items())})", flush=True)
+    return revisions
+
+
+def up() -> None:
+    sys.path.insert(0, str(REPO / "sim" / "lab"))
+    import lab  # noqa: PLC0415  (the lab's podman settings)
+
+    probe = (f"import urllib.request,sys\ntry: urllib.request.urlopen('http://127.0.0.1:{HUB_PORT}/api/models/x/y/revision/main')\n"
+             "except Exception as e: sys.exit(0 if getattr(e, 'code', 0) == 401 else 1)")
+    if lab.podman("exec", MIRROR_CONTAINER, "python3", "-c", probe, check=False).returncode == 0:
+        return
+    lab.podman("exec", "-d", MIRROR_CONTAINER, "python3", "/srv/mirror/hub/server.py", "/srv/mirror/hub",
+               "--port", str(HUB_PORT))
+    for _ in range(50):
+        if lab.podman("exec", MIRROR_CONTAINER, "python3", "-c", probe, check=False).returncode == 0:
+            print(f"hub.py: the Hub stand-in answers at http://{MIRROR_CONTAINER}:{HUB_PORT}", flush=True)
+            return
+        time.sleep(0.2)
+    sys.exit(f"hub.py: the Hub stand-in did not answer in {MIRROR_CONTAINER}; is the mirror up (sim/lab/lab.py up)?")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("mirror", nargs="?", type=Path, default=LAB / "mirror")
+    sub.add_parser("up")
+    s = sub.add_parser("serve")
+    s.add_argument("--port", type=int, default=HUB_PORT)
+    s.add_argument("--mirror", type=Path, default=LAB / "mirror")
+    args = parser.parse_args()
+    if args.cmd == "build":
+        build(args.mirror)
+    elif args.cmd == "up":
+        up()
+    else:
+        os.execv(sys.executable, [sys.executable, str(HERE / "server.py"), str(args.mirror / "hub"),
+                                  "--port", str(args.port)])
+
+
+if __name__ == "__main__":
+    main()
