@@ -24,6 +24,7 @@ import os
 import sys
 import time
 
+from moefleet.commands import number_problem
 from moefleet.logic.sglang_log import classify, is_log
 
 EXIT_READY, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -114,8 +115,9 @@ def _human(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.hang_seconds is not None and args.hang_seconds <= 0:
-        print("moefleet diagnose: --hang-seconds must be a positive number of seconds.", file=sys.stderr)
+    problem = number_problem("--hang-seconds", args.hang_seconds, 7 * 86400, "600")
+    if problem:
+        print(f"moefleet diagnose: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         text, age = _read(args.file)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from moefleet.commands import number_problem, whole_number_problem
 from moefleet.logic import planner, profiles
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -15,6 +16,7 @@ DEFAULT_CATALOG = REPO_ROOT / "profiles" / "catalog.yml"
 DEFAULT_SCHEMA = REPO_ROOT / "schemas" / "profile_catalog.schema.json"
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
+LAYOUT = ("tp", "ep", "pp", "dp")  # the ad-hoc layout's options, each SGLang's --<name>-size
 
 
 class BadInput(Exception):
@@ -79,8 +81,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    if args.gpus < 1 or args.gpu_memory_gib <= 0:
-        raise BadInput("--gpus and --gpu-memory-gib must both be positive.")
+    low, high = profiles.GPU_COUNT_BOUNDS
+    problems = [
+        whole_number_problem("--gpus", args.gpus, low, high),
+        number_problem("--gpu-memory-gib", args.gpu_memory_gib, 4096, "94.97"),
+        number_problem("--gpu-memory-total-mib", args.gpu_memory_total_mib, 4096 * 1024, "97887"),
+        *(whole_number_problem(f"--{k}", getattr(args, k), *profiles.FLAG_BOUNDS[f"{k}_size"]) for k in LAYOUT),
+    ]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        raise BadInput(problem)
     if args.gpu_memory_total_mib is not None and args.gpu_memory_total_mib < args.gpu_memory_gib * 1024:
         raise BadInput(
             "--gpu-memory-total-mib is nvidia-smi's memory.total, at least --gpu-memory-gib x 1024 "

@@ -113,6 +113,8 @@ def test_unreadable_file_exits_2(capsys, tmp_path):
     assert code == 2 and "permission denied" in err
 
 
-def test_bad_hang_seconds_exits_2(capsys):
-    code, _, err = _run(capsys, READY_LOG, "--hang-seconds", "0")
-    assert code == 2 and "--hang-seconds" in err
+@pytest.mark.parametrize("seconds", ["0", "-5", "nan", "inf"])
+def test_bad_hang_seconds_exits_2(capsys, seconds):
+    code, _, err = _run(capsys, READY_LOG, "--hang-seconds", seconds)
+    assert code == 2 and err.startswith(f"moefleet diagnose: --hang-seconds {seconds} is not usable")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -81,6 +81,14 @@ def test_invalid_adhoc_layout_exits_1(capsys):
             "The profile catalog /nonexistent/catalog.yml does not exist.",
         ),
         (["--profile", "tp8", "--tp", "8"], "Give either --profile or an ad-hoc layout"),
+        (["--gpu-memory-gib", "nan"], "--gpu-memory-gib nan is not usable; give a finite number above 0"),
+        (["--gpu-memory-gib", "inf"], "--gpu-memory-gib inf is not usable"),
+        (["--gpu-memory-gib", "-94.97"], "--gpu-memory-gib -94.97 is not usable"),
+        (["--gpu-memory-total-mib", "nan"], "--gpu-memory-total-mib nan is not usable"),
+        (["--gpus", "-8"], "--gpus -8 is out of range; give a whole number from 1 to 64."),
+        (["--gpus", "100000000000000000000"], "--gpus 100000000000000000000 is out of range"),
+        (["--tp", "-2"], "--tp -2 is out of range"),
+        (["--ep", "10000000000"], "--ep 10000000000 is out of range"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys, args, sentence):
