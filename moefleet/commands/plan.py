@@ -122,12 +122,15 @@ def plan_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def load_catalog(path: Path, extra_path: Path | None) -> dict[str, Any]:
-    """Read, merge and validate the catalog (schema, then invariants and fallback ladders)."""
-    catalog = _read_yaml(path, "profile catalog")
-    extra = _read_yaml(extra_path, "extra profiles") if extra_path else None
+    """Read, merge and validate the catalog (schema, then invariants and fallback ladders); a problem
+    names the file and line it was written at."""
+    catalog, origins = profiles.load_yaml_lines(_read_text(path, "profile catalog"), str(path))
+    extra, extra_origins = None, {}
+    if extra_path:
+        extra, extra_origins = profiles.load_yaml_lines(_read_text(extra_path, "extra profiles"), str(extra_path))
     merged = profiles.merge_catalog(catalog, extra)
     schema = _read_json(DEFAULT_SCHEMA, "catalog schema")
-    profiles.validate_catalog(merged, schema)
+    profiles.validate_catalog(merged, schema, profiles.catalog_origins(origins, extra, extra_origins))
     return merged
 
 
@@ -145,17 +148,6 @@ def _read_json(path: Path, what: str) -> Any:
         return json.loads(_read_text(path, what))
     except json.JSONDecodeError as exc:
         raise BadInput(f"The {what} {path} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
-
-
-def _read_yaml(path: Path, what: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(_read_text(path, what))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise BadInput(f"The {what} {path} is not valid YAML{where}.") from None
 
 
 def render_table(rows: list[dict[str, Any]], gpus: int, gpu_memory_gib: float) -> str:

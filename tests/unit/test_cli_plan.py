@@ -126,7 +126,10 @@ def test_bad_catalog_prints_path_and_message(capsys, tmp_path):
     )
     code, out, err = run(capsys, "--catalog", str(catalog))
     assert code == 2
-    assert "profiles/x/flags/tp_size: 'eight' is not of type 'integer'" in err
+    assert f"{catalog}, line 3: profiles/x/flags/tp_size: 'eight' is not of type 'integer'" in err
+    catalog.write_text("schema_version: 1\nprofiles: [\n  x: {}\n")
+    code, out, err = run(capsys, "--catalog", str(catalog))
+    assert code == 2 and err.startswith(f"moefleet plan: {catalog}, line 4, column 1: not valid YAML")
     assert "Traceback" not in err
 
 
