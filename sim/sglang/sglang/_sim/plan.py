@@ -52,7 +52,11 @@ class Plan:
 
 def default_mem_settings(args, cfg: ModelConfig, gpu_mem_mib: int) -> None:
     """server_args._handle_gpu_memory_settings (gpu_mem_mib: nvidia-smi's memory.total) and the VLM
-    adjustment, filling chunked_prefill_size, cuda_graph_max_bs and mem_fraction_static when absent."""
+    adjustment, filling chunked_prefill_size, cuda_graph_max_bs and mem_fraction_static when absent.
+    Runs once per args (ServerArgs.__post_init__ does, before the server logs server_args=)."""
+    if getattr(args, "_memory_defaults_filled", False):
+        return
+    args._memory_defaults_filled = True
     if gpu_mem_mib < 35 * 1024:
         cps, gbs = 2048, (24 if args.tp_size < 4 else 80)
     elif gpu_mem_mib < 60 * 1024:

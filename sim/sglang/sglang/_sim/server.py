@@ -27,7 +27,7 @@ from .clock import Clock
 from .http import State, make_server
 from .logs import emit, line
 from .model import ConfigError, load_config
-from .plan import T_WARMUP, build_plan
+from .plan import T_WARMUP, build_plan, default_mem_settings
 
 CHILDREN: list[subprocess.Popen] = []
 _DYING = threading.Event()
@@ -85,7 +85,6 @@ def main(argv: list[str] | None = None) -> None:
     clock = Clock()
     clock.logical = 0.0
     main_pid = os.getpid()
-    line(clock, "", f"server_args={server_args_repr(args)}")
     try:
         check_args(args)
         cfg = load_config(args.model_path)
@@ -97,18 +96,22 @@ def main(argv: list[str] | None = None) -> None:
             (os.path.join(TB.PKG, "srt/server_args.py"), 620, "__post_init__", "self.check_server_args()"),
         ]))
         sys.exit(1)
-    if args.pp_size > 1:
-        line(clock, "", "Pipeline parallelism is incompatible with overlap schedule.")
+    # ServerArgs.__post_init__ fills the memory defaults (and logs the DP-attention and PP notes) before
+    # the engine logs server_args=, so the line shows the computed values, not None.
+    spec = G.load_spec()
+    default_mem_settings(args, cfg, int(spec["memory_total_mib"]))
     if args.enable_dp_attention:
         line(clock, "", f"DP attention is enabled. The chunked prefill size is adjusted to "
-                        f"{(args.chunked_prefill_size or 8192) // args.dp_size} to avoid MoE kernel issues. ")
+                        f"{args.chunked_prefill_size} to avoid MoE kernel issues. ")
+    if args.pp_size > 1:
+        line(clock, "", "Pipeline parallelism is incompatible with overlap schedule.")
     if args.trust_remote_code:  # the tokenizer's code, copied by transformers into $HF_HOME/modules
         try:
             H.copy_remote_code(args.model_path)
         except H.HostDenied as exc:
             emit(str(exc))
             sys.exit(1)
-    spec = G.load_spec()
+    line(clock, "", f"server_args={server_args_repr(args)}")
     visible = visible_gpus(spec)
     faults = F.active_faults(args, clock)
     if any(f["fault"] == "stale_gpu_process" for f in faults):
