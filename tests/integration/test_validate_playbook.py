@@ -21,7 +21,8 @@ MINE = {"description": "An operator profile for this test.", "gpus": 8, "nccl": 
 def inventory(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("inv") / "hosts.yml"
     path.write_text("all:\n  children:\n    blackwell:\n      hosts:\n        unreachable-1:\n"
-                    "          ansible_host: 192.0.2.1\n          sglang_profile: tp8\n")
+                    "          ansible_host: 192.0.2.1\n          sglang_profile: tp8\n"
+                    "          sglang_model_source: prestaged\n")
     return path
 
 
@@ -68,3 +69,60 @@ def test_host_profile_from_inventory_is_validated_too(tmp_path):
                    "          ansible_host: 192.0.2.1\n          sglang_profile: tp3\n")
     out = refused(deploy(inv))
     assert "sglang_profile of unreachable-1: Unknown profile 'tp3'" in out
+
+
+def validate(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_playbook(inventory, "playbooks/validate.yml", *extra, timeout=60)
+
+
+# Each row of the README's bad-input table: what the operator gives, and the sentence it gets.
+BAD_INPUT = [
+    (["sglang_service_rollback=maybe"],
+     "sglang_service_rollback is 'maybe' for unreachable-1, which is not a boolean; set it to true or false"),
+    (["nvidia_driver_reboot=on"], "nvidia_driver_reboot is 'on' for unreachable-1, which is not a boolean"),
+    (["moefleet_allow_unfit=sure"], "moefleet_allow_unfit is 'sure' for unreachable-1, which is not a boolean"),
+    ([json.dumps({"moefleet_extra_profiles": {"tp4ep2": {**MINE, "gpus": 4, "flags": {"tp_size": 4, "ep_size": 2}}}}),
+      "profile=tp4ep2"],
+     "Profile tp4ep2 starts 4 GPUs (--tp-size 4 --ep-size 2) but the inventory declares 8 for unreachable-1 "
+     "(nvidia_driver_expected_gpu_count): use --tp-size 8 --ep-size 2 to spread it over all 8"),
+    (["nvidia_driver_expected_gpu_count=4"], "Profile tp8 starts 8 GPUs (--tp-size 8) but the inventory declares 4"),
+    ([json.dumps({"moefleet_extra_profiles": {"mine\n": {**MINE, "flags": {"tp_size": 8}}}})],
+     "profiles/mine\\n: 'mine\\n' is not a usable name; rename it to 1 to 40 lower-case letters"),
+    ([json.dumps({"moefleet_extra_profiles": {"mine": {**MINE, "flags": {"tp_size": 8, "context_length": 10**20}}}})],
+     "profiles/mine/flags/context_length: 100000000000000000000 is out of range; give a whole number from 1 to"),
+    ([json.dumps({"sglang_service_extra_flags": {"max_total_tokens": 10**20}})],
+     "unreachable-1: sglang_service_extra_flags/max_total_tokens: 100000000000000000000 is out of range"),
+    (["sglang_model_source=huggingface"],
+     "sglang_model_revision is '' for unreachable-1; set it to the 40-hex commit hash of moonshotai/Kimi-K2.6"),
+    (["sglang_model_source=huggingface", "sglang_model_revision=" + "a" * 40, "sglang_model_gated=true"],
+     "moonshotai/Kimi-K2.6 is gated (sglang_model_gated) but sglang_model_hf_token is empty for unreachable-1"),
+    (["sglang_model_path=models/k2"], "sglang_model_path is 'models/k2' for unreachable-1; set it to the absolute"),
+]
+
+
+@pytest.mark.parametrize(("extra", "sentence"), BAD_INPUT, ids=[s.split(" is ")[0][:40] for _, s in BAD_INPUT])
+def test_bad_input_is_refused_on_the_controller_with_a_sentence(inventory, extra, sentence):
+    out = refused(deploy(inventory, *extra))
+    assert sentence in out
+
+
+def test_extra_profile_in_inventory_is_reported_at_its_file_and_line(tmp_path):
+    (tmp_path / "group_vars" / "blackwell").mkdir(parents=True)
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    blackwell:\n      hosts:\n        unreachable-1:\n"
+                   "          ansible_host: 192.0.2.1\n          sglang_profile: mine\n"
+                   "          sglang_model_source: prestaged\n")
+    group_vars = tmp_path / "group_vars" / "blackwell" / "main.yml"
+    group_vars.write_text("---\nmoefleet_extra_profiles:\n  mine:\n    description: An operator profile here.\n"
+                          "    gpus: 8\n    nccl: pcie_p2p\n    fallback: null\n    flags:\n      tp_size: eight\n")
+    out = refused(deploy(inv))
+    assert f"{group_vars}, line 9: profiles/mine/flags/tp_size: 'eight' is not of type 'integer'" in out
+    assert "<unicode string>" not in out
+
+
+@pytest.mark.parametrize("form", ["true", "false", "yes", "no", "1", "0", "True"])
+def test_every_boolean_form_minus_e_passes_is_accepted(inventory, form):
+    names = ["sglang_service_rollback", "sglang_service_degraded_fails", "sglang_service_retry", "nvidia_driver_reboot",
+             "nvidia_driver_update_initramfs", "nvidia_driver_check_kernel_module", "moefleet_allow_unfit"]
+    run = validate(inventory, *(f"{name}={form}" for name in names))
+    assert run.returncode == 0, run.stdout[-2000:]
