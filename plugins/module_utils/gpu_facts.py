@@ -1,6 +1,6 @@
 """GPU facts from nvidia-smi's CSV output; pure parsing of text handed in (the module runs the command).
 
-Expected query (FACTS.md §5):
+Expected query (docs/facts.md §5):
 ``nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,compute_cap
 --format=csv,noheader,nounits``
 """

@@ -2,7 +2,7 @@
 
 Pure standard library, no I/O: callers hand in the parsed model ``config.json``, the host's GPU count
 and per-GPU memory (PyTorch's "total capacity" figure, e.g. 94.97 GiB for an RTX PRO 6000), and a
-layout. The semantics follow SGLang (FACTS.md §2):
+layout. The semantics follow SGLang (docs/facts.md §2):
 
 - GPUs used = tp × pp (× dp only without DP attention); EP never adds GPUs.
 - Experts are split into ``ep`` groups inside the TP group; each group's experts are sharded

@@ -1,7 +1,7 @@
 """Classify an SGLang server's start-up log: ready, starting, oom, crashed or hung.
 
 Pure standard library, no I/O: the readiness module feeds it journal lines as they arrive, the
-``moefleet diagnose`` command feeds it a saved log. One implementation for both (DESIGN.md).
+``moefleet diagnose`` command feeds it a saved log. One implementation for both.
 
 Signals follow SGLang's own log lines (python/sglang/srt/model_executor/model_runner.py,
 cuda_graph_runner.py, managers/scheduler.py, entrypoints/http_server.py):

@@ -2,7 +2,7 @@
 
 For every profile of profiles/catalog.yml, the same TP8 and PP8 layouts at SGLang's default
 ``--mem-fraction-static`` (about 0.771 for K2.6, whose KV pool then has no room), and the field's ad-hoc
-``--tp-size 4 --ep-size 2`` (FACTS.md §1),
+``--tp-size 4 --ep-size 2`` (docs/facts.md §1),
 on the K2.6 config the lab serves and 8 simulated GPUs of 94.97 GiB: a layout the simulator loads and
 serves must be planned ``fits`` or ``tight``; one it runs out of memory on must be planned ``oom``. For
 the layouts that load, the planner's weights per GPU (heaviest pipeline stage) must be within

@@ -136,7 +136,7 @@ def test_the_deciding_line_is_a_line_of_the_log(name):
 
 
 def test_field_observation_oom_message():
-    """FACTS.md §1: the TP4 EP2 crash on the RTX PRO 6000 host."""
+    """docs/facts.md §1: the TP4 EP2 crash on the RTX PRO 6000 host."""
     text = (
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 672.00 MiB. GPU 2 has a total "
         "capacity of 94.97 GiB of which 136.94 MiB is free. Including non-PyTorch memory, this process "

@@ -202,7 +202,7 @@ class Rank:
 
 
 def pp_partition(num_layers: int, pp_size: int, env: dict | None = None) -> list[int]:
-    """Layers per pipeline stage: remainder layers on the last stages (FACTS.md §2);
+    """Layers per pipeline stage: remainder layers on the last stages (docs/facts.md §2);
     SGLANG_PP_LAYER_PARTITION (comma-separated counts) overrides."""
     env = os.environ if env is None else env
     override = env.get("SGLANG_PP_LAYER_PARTITION")

@@ -1,4 +1,4 @@
-"""Decode throughput by layout and concurrency, calibrated to the field numbers (FACTS.md §1).
+"""Decode throughput by layout and concurrency, calibrated to the field numbers (docs/facts.md §1).
 
 For a layout with single-request speed s1 (tok/s) and saturated aggregate A (tok/s), the aggregate at
 concurrency b is  agg(b) = A * (1 - exp(-k*b)),  k = -ln(1 - s1/A),  so agg(1) = s1 exactly and agg -> A;
