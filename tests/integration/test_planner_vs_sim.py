@@ -33,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # as a script too (pytest puts tests/ there already)
 from simproc import free_port, kill_group  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "sim" / "gpu"))
+import devnodes  # noqa: E402  (the lab's stand-in /dev/nvidia* nodes, which every simulated start opens)
+
 SIM_SGLANG = ROOT / "sim" / "sglang"
 K26_CONFIG = ROOT / "sim" / "model" / "kimi_k26_config.json"
 MAKE_MODEL_DIR = ROOT / "sim" / "model" / "make_model_dir.py"
@@ -90,14 +93,24 @@ def run_sim(model_dir: Path, work: Path, flags: dict) -> dict:
     state = work / "procs"
     state.mkdir(exist_ok=True)
     log = work / "server.log"
+    dev, home = work / "dev", work / "home"  # a host's driver nodes and the service user's home (its caches)
+    if not dev.exists():
+        try:
+            devnodes.create(str(dev), GPUS)
+        except PermissionError:
+            pytest.skip("creating the stand-in /dev/nvidia* nodes needs root (CAP_MKNOD)")
+    home.mkdir(exist_ok=True)
     env = {
         **os.environ,
         "PYTHONPATH": str(SIM_SGLANG),
         "SIM_GPU_SPEC": str(spec),
         "SIM_GPU_STATE_DIR": str(state),
+        "SIM_GPU_DEV_DIR": str(dev),
+        "HOME": str(home),
         "SGLANG_SIM_TIME_SCALE": TIME_SCALE,
     }
-    for name in ("SGLANG_SIM_FAULTS", "CUDA_VISIBLE_DEVICES", "SGLANG_PP_LAYER_PARTITION"):
+    for name in ("SGLANG_SIM_FAULTS", "CUDA_VISIBLE_DEVICES", "SGLANG_PP_LAYER_PARTITION", "TRITON_CACHE_DIR",
+                 "HF_HOME", "HF_MODULES_CACHE", "FLASHINFER_WORKSPACE_BASE"):
         env.pop(name, None)
     port = free_port()
     started = time.monotonic()
