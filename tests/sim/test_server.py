@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import time
+import urllib.request
 
 import pytest
 
@@ -182,6 +183,30 @@ def test_fault_port_in_use(lab):
     assert srv.wait_exit() == 1
     assert (f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {srv.port}): "
             "address already in use") in srv.log
+
+
+def test_fault_oom_runtime_serves_n_requests_then_dies_in_the_forward_pass(lab):
+    srv = lab.start(*TP8, faults=[{"fault": "oom_runtime", "after_requests": 2}])
+    srv.wait_ready()
+    body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 4}}).encode()
+
+    def generate() -> int:
+        req = urllib.request.Request(srv.url("/generate"), data=body, headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+
+    assert [generate(), generate()] == [200, 200]
+    assert srv.proc.poll() is None
+    with pytest.raises(OSError):  # the third request's forward pass runs out of memory; the connection drops
+        generate()
+    assert srv.wait_exit() == -signal.SIGKILL
+    log = srv.log
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert "in forward_batch_generation" in log and "in forward_extend" in log
+    assert re.search(r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate [\d.]+ (MiB|GiB)\. GPU 0 "
+                     r"has a total capacity of 94\.97 GiB of which [\d.]+ [MG]iB is free\.", log)
+    assert log.index("The server is fired up and ready to roll!") < log.index("Scheduler hit an exception")
+    assert PARENT_DIES in log
 
 
 def test_real_port_conflict_fails_the_same_way(lab):

@@ -4,7 +4,9 @@ A fault applies to this start when every entry of its optional "flags" equals th
 flag is unset) and every entry of its optional "env" equals the environment (null: unset); flag keys as
 ServerArgs fields or as flags: "tp_size", "tp-size", "--tp-size"); without "flags" it applies to every
 start. Other keys ("profile", comments) are ignored. Optional "gpus": [ids] restricts the OOM faults to those
-GPUs and places the stale process; optional "mib" sizes the stale process's memory on each of its GPUs.
+GPUs and places the stale process; optional "mib" sizes the stale process's memory on each of its GPUs;
+"after_requests" (oom_runtime, default 0) is how many client requests the server answers before the next one
+runs out of memory in the forward pass.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .clock import Clock
 from .logs import line
 
 FAULTS = ("oom_weight_load", "oom_kv_cache", "oom_cuda_graph", "crash", "hang", "stale_gpu_process",
-          "port_in_use")
+          "port_in_use", "oom_runtime")
 
 
 def _norm(key: str) -> str:
@@ -94,3 +96,14 @@ def ensure_stale_holder(fault: dict, spec: dict) -> None:
             return
         import time
         time.sleep(0.02)
+
+
+def runtime_oom_after(faults: list[dict]) -> int | None:
+    """Requests served before the runtime OOM of an active oom_runtime fault; None without one."""
+    for f in faults:
+        if f["fault"] == "oom_runtime":
+            try:
+                return max(0, int(f.get("after_requests", 0)))
+            except (TypeError, ValueError):
+                return 0
+    return None

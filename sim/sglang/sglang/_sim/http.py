@@ -35,6 +35,10 @@ class State:
         self.s1, self.agg = T.layout_rates(args.tp_size, args.pp_size, args.ep_size, args.dp_size,
                                            args.enable_dp_attention)
         self.created = int(time.time())
+        # fault oom_runtime: requests answered before the next one runs out of memory in the forward pass, and
+        # what makes the scheduler rank fail (set by the server); None: no runtime OOM
+        self.runtime_oom_after: int | None = None
+        self.runtime_oom = None
 
 
 def count_tokens(text: str) -> int:
@@ -155,6 +159,11 @@ class Handler(BaseHTTPRequestHandler):
             st.running += 1
             b = st.running
             st.requests_total += 1
+            oom = st.runtime_oom_after is not None and st.requests_total > st.runtime_oom_after
+        if oom:  # the scheduler's forward pass fails; the server dies the SIGQUIT way, this request with it
+            st.runtime_oom()
+            while True:
+                time.sleep(3600)
         try:
             speed = T.per_request(b, st.s1, st.agg)
             ttft = ptoks / (5 * st.agg) + 1.0 / speed

@@ -81,6 +81,18 @@ def fail(clock: Clock, prefix: str, parent: int, text: str) -> None:
         time.sleep(3600)
 
 
+def runtime_oom_text(gpu: int, used: int) -> str:
+    """PyTorch's OOM for a prefill's activations on this rank's GPU, which holds `used` bytes once serving
+    (weights, KV pool, CUDA graphs: all PyTorch's but the CUDA context and NCCL's buffers)."""
+    total = G.torch_total_bytes(G.load_spec())
+    outside = min(used, G.CUDA_CONTEXT_BYTES + G.NCCL_COMM_BYTES)
+    a = G.CachingAllocator(device=gpu, total=total, pid=os.getpid(), non_pytorch=outside)
+    a.segments.append(G.Segment(used - outside, used - outside))
+    a.allocated = used - outside
+    alloc = -(-(a.device_free() + 512 * G.MiB) // G.K_ROUND_LARGE) * G.K_ROUND_LARGE
+    return TB.oom_forward(a.oom_message(alloc))
+
+
 def main() -> None:
     die_with_parent()
     job = json.loads(sys.stdin.readline())
@@ -97,6 +109,9 @@ def main() -> None:
     visible = job["visible"]
     pid = os.getpid()
     signal.signal(signal.SIGTERM, lambda *_: (G.remove_state(pid), os._exit(0)))
+    used = {"bytes": 0}
+    # fault oom_runtime: the server's main process signals the rank whose forward pass runs out of memory
+    signal.signal(signal.SIGUSR1, lambda *_: fail(clock, prefix, parent, runtime_oom_text(job["gpu"], used["bytes"])))
     for t, kind, payload in job["events"]:
         clock.sleep_until(t)
         if kind in ("log", "warn"):
@@ -111,8 +126,9 @@ def main() -> None:
         elif kind == "raw":
             emit(payload)
         elif kind == "mem":
-            used = {visible[int(g)]: int(b) for g, b in payload.items()}
-            G.write_state(pid, title, used, {"server_pid": parent})
+            held = {visible[int(g)]: int(b) for g, b in payload.items()}
+            G.write_state(pid, title, held, {"server_pid": parent})
+            used["bytes"] = sum(held.values())
         elif kind == "fail":
             fkind, fpayload = payload
             fail(clock, prefix, parent, failure_text(fkind, fpayload, job["arch"]))

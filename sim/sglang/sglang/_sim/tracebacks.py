@@ -126,6 +126,26 @@ def graph_oom(message: str) -> str:
     return _frames(frames) + f"\nException: Capture cuda graph failed: {message}\n{GRAPH_HELP}"
 
 
+# A scheduler's event loop, as run_scheduler_process runs it once the server serves (scheduler.py, tp_worker.py,
+# model_runner.py of 0.5.10): a forward pass that needs more activation memory than the pool left.
+_SERVING = [
+    ("srt/managers/scheduler.py", 3616, "run_scheduler_process", "scheduler.run_event_loop()"),
+    ("srt/managers/scheduler.py", 1300, "run_event_loop", "dispatch_event_loop(self)"),
+    ("srt/managers/scheduler.py", 3497, "dispatch_event_loop", "scheduler.event_loop_overlap()"),
+    ("srt/managers/scheduler.py", 1361, "event_loop_overlap", "batch_result = self.run_batch(batch)"),
+    ("srt/managers/scheduler.py", 2684, "run_batch", "batch_result = self.model_worker.forward_batch_generation("),
+    ("srt/managers/tp_worker.py", 469, "forward_batch_generation", "out = self.model_runner.forward("),
+    ("srt/model_executor/model_runner.py", 2739, "forward", "output = self._forward_raw("),
+    ("srt/model_executor/model_runner.py", 2849, "_forward_raw", "ret, can_run_graph = self.forward_extend("),
+    ("srt/model_executor/model_runner.py", 2676, "forward_extend", "self.model.forward("),
+]
+
+
+def oom_forward(message: str) -> str:
+    """PyTorch's OOM in a prefill's forward pass while serving (a runtime OOM)."""
+    return _frames(_SERVING) + f"\ntorch.OutOfMemoryError: {message}"
+
+
 _DIST_INIT = _HEAD + [
     ("srt/model_executor/model_runner.py", 300, "initialize", "min_per_gpu_memory = self.init_torch_distributed()"),
 ]
