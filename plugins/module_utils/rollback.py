@@ -4,7 +4,10 @@ An *attempt* is what one start of the service runs: ``{"profile": name, "tuning"
 "nccl_set": name}``; its *outcome* is the readiness verdict (``state``, ``phase``, ``cause``). Given the
 fallback ladder and the attempts made so far (each with its outcome), ``next_step`` says what to do:
 
-- a weight-load (or runtime) OOM: the layout cannot hold the model here; move down the ladder;
+- a weight-load OOM: the layout cannot hold the model here; move down the ladder;
+- a runtime OOM (a forward pass while serving, recorded by the unit's exit hook; the deploy acts on repeated
+  ones): retune the same layout once with half the ``--max-running-requests`` (a smaller batch needs less
+  activation memory), then move down the ladder;
 - a KV-pool OOM: retune the same layout once with a higher ``--mem-fraction-static`` (weights are
   already loaded by then, so the pool is what ran short): the largest the planner allows on these GPUs,
   one that keeps SGLang's own reserve for activations and CUDA graphs; then move down the ladder;
@@ -30,6 +33,8 @@ except ImportError:  # as a bare module: the filter plugin puts module_utils on 
 SHM_NCCL_SET = "pcie_shm"
 # Retuning after a CUDA-graph OOM: halve the batch sizes captured; start here when the profile has none.
 CUDA_GRAPH_BS_START = 64
+# Retuning after runtime OOMs: halve the running requests; start here when neither profile nor tuning sets them.
+MAX_RUNNING_START = 128
 
 
 class RollbackError(ValueError):
@@ -136,6 +141,14 @@ def next_step(
         return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_cuda_graph"},
                 "reason": f"{name} ran out of memory capturing CUDA graphs; retrying it once with "
                           f"--cuda-graph-max-bs {smaller}."}
+    if state == "oom" and phase == "runtime" and not _retuned(attempts, current, "retune_runtime") \
+            and "max_running_requests" not in (current.get("tuning") or {}):
+        running = flags.get("max_running_requests")
+        smaller = max(1, int(running) // 2) if running else MAX_RUNNING_START
+        tuning = {**(current.get("tuning") or {}), "max_running_requests": smaller}
+        return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_runtime"},
+                "reason": f"{name} ran out of memory while serving; retrying it once with "
+                          f"--max-running-requests {smaller}."}
     if state == "hung" and current.get("nccl_set") != SHM_NCCL_SET and not _retuned(attempts, current, "nccl_shm"):
         pairs = planner.custom_all_reduce_pairs(layout) if layout is not None else []
         tuning = dict(current.get("tuning") or {})

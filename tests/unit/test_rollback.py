@@ -13,6 +13,7 @@ import yaml
 from moefleet.logic.profiles import fallback_ladder
 from moefleet.logic.rollback import (
     CUDA_GRAPH_BS_START,
+    MAX_RUNNING_START,
     SHM_NCCL_SET,
     RollbackError,
     attempt_only,
@@ -69,12 +70,35 @@ def test_ready_is_done():
     assert step["reason"] == "tp2ep4 serves."
 
 
-@pytest.mark.parametrize("outcome", [OOM_WEIGHTS, OOM_RUNTIME], ids=["weight_load", "runtime"])
-def test_weight_load_or_runtime_oom_goes_to_the_next_rung_at_once(outcome):
-    step = next_step(ladder("tp4ep2"), [failed(start("tp4ep2"), outcome)], CATALOG)
+def test_weight_load_oom_goes_to_the_next_rung_at_once():
+    step = next_step(ladder("tp4ep2"), [failed(start("tp4ep2"), OOM_WEIGHTS)], CATALOG)
     assert step["action"] == "start"
     assert step["attempt"] == {"profile": "tp2ep4", "tuning": {}, "nccl_set": "pcie_p2p", "remedy": "fallback"}
-    assert step["reason"] == f"tp4ep2 ran out of memory ({outcome['phase']}); falling back to tp2ep4."
+    assert step["reason"] == "tp4ep2 ran out of memory (weight_load); falling back to tp2ep4."
+
+
+def test_runtime_oom_halves_the_running_requests_once_then_falls_back():
+    first = failed(start("tp4ep2"), OOM_RUNTIME)
+    step = next_step(ladder("tp4ep2"), [first], CATALOG, {"tp_size": 8, "max_running_requests": 512})
+    assert step["action"] == "start"
+    assert step["attempt"] == {"profile": "tp4ep2", "tuning": {"max_running_requests": 256}, "nccl_set": "pcie_p2p",
+                               "remedy": "retune_runtime"}
+    assert step["reason"] == "tp4ep2 ran out of memory while serving; retrying it once with --max-running-requests 256."
+    again = next_step(ladder("tp4ep2"), [first, failed(step["attempt"], OOM_RUNTIME)], CATALOG)
+    assert again["attempt"]["profile"] == "tp2ep4" and again["attempt"]["remedy"] == "fallback"
+
+
+def test_runtime_oom_of_an_attempt_kept_from_an_earlier_run_falls_back_once_retuned():
+    # a later deploy sees only the kept attempt (without its remedy), its tuning says it was retuned already
+    kept = {"profile": "tp4ep2", "tuning": {"max_running_requests": 64}, "nccl_set": "pcie_p2p"}
+    step = next_step(ladder("tp4ep2"), [failed(kept, OOM_RUNTIME)], CATALOG)
+    assert step["attempt"]["profile"] == "tp2ep4"
+    assert step["reason"] == "tp4ep2 ran out of memory (runtime); falling back to tp2ep4."
+
+
+def test_runtime_oom_without_a_running_limit_starts_from_the_default_start():
+    step = next_step(ladder("tp8"), [failed(start("tp8"), OOM_RUNTIME)], CATALOG, {"tp_size": 8})
+    assert step["attempt"]["tuning"] == {"max_running_requests": MAX_RUNNING_START} == {"max_running_requests": 128}
 
 
 def test_weight_load_oom_is_not_retuned_with_a_higher_mem_fraction():
