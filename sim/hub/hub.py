@@ -113,20 +113,27 @@ def build_hub(out: Path) -> dict:
     return revisions
 
 
+# The lab hosts' Pythons: Debian 12 has 3.11, Debian 13 3.13 (pyyaml's wheels are per version).
+HOST_PYTHONS = ("3.11", "3.13")
+
+
 def fetch_wheels(dest: Path) -> list[Path]:
-    """huggingface_hub and its dependencies for the lab hosts' Python (3.11, x86_64), fetched once."""
-    wheels = sorted(dest.glob("*.whl"))
-    if any(w.name.startswith("huggingface_hub-") for w in wheels):
-        return wheels
+    """huggingface_hub and its dependencies for each lab host's Python (HOST_PYTHONS, x86_64), fetched once."""
     dest.mkdir(parents=True, exist_ok=True)
-    print(f"hub.py: fetching {HF_CLIENT_SPEC} and its dependencies into {dest} (once)", flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", HF_CLIENT_SPEC, "--only-binary=:all:", "--python-version", "3.11",
-           "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-           "--platform", "manylinux_2_28_x86_64", "-d", str(dest), "-q"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"hub.py: pip could not fetch {HF_CLIENT_SPEC} ({result.stderr.strip()[-400:]}); "
-                 f"put its wheels into {dest} by hand, or give pip a reachable index (PIP_INDEX_URL).")
+    for python in HOST_PYTHONS:
+        stamp = dest / f".fetched-{python}"
+        if stamp.is_file() and stamp.read_text() == HF_CLIENT_SPEC:
+            continue
+        print(f"hub.py: fetching {HF_CLIENT_SPEC} and its dependencies for Python {python} into {dest} (once)",
+              flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", HF_CLIENT_SPEC, "--only-binary=:all:", "--python-version",
+               python, "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform",
+               "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "-d", str(dest), "-q"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"hub.py: pip could not fetch {HF_CLIENT_SPEC} ({result.stderr.strip()[-400:]}); "
+                     f"put its wheels into {dest} by hand, or give pip a reachable index (PIP_INDEX_URL).")
+        stamp.write_text(HF_CLIENT_SPEC)
     return sorted(dest.glob("*.whl"))
 
 
@@ -154,10 +161,18 @@ def write_index(wheels: list[Path], out: Path) -> None:
 
 
 def build(mirror: Path) -> dict:
+    """Build MIRROR/hub; a second build with the same inputs (this file, server.py, the wheels) only reads."""
     out = mirror / "hub"
+    wheels = fetch_wheels(LAB / "hub-wheels")
+    stamp = hashlib.sha256(b"".join(p.read_bytes() for p in (Path(__file__).resolve(), HERE / "server.py"))
+                           + "\n".join(w.name for w in wheels).encode()).hexdigest()
+    if (out / ".build-stamp").is_file() and (out / ".build-stamp").read_text() == stamp \
+            and (out / "revisions.json").is_file():
+        return json.loads((out / "revisions.json").read_text())
     revisions = build_hub(out)
-    write_index(fetch_wheels(LAB / "hub-wheels"), out / "pypi")
+    write_index(wheels, out / "pypi")
     (out / "revisions.json").write_text(json.dumps(revisions, indent=1) + "\n")
+    (out / ".build-stamp").write_text(stamp)
     print(f"hub.py: built {out} ({', '.join(f'{r}@{v[-1][:12]}' for r, v in revisions.items())})", flush=True)
     return revisions
 

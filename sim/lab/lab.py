@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """The simulated lab's hosts: podman containers with systemd as PID 1, reached over SSH.
 
-    lab.py image                       build (or reuse) the Debian 12 host image
-    lab.py up [--name L] --hosts N     start hosts L-1..L-N (+ the shared mirror), write an inventory
-                                       (default inventory/sim/hosts.yml), wait until each answers Ansible
+    lab.py image [--os debian12,...]   build (or reuse) the host images (default: Debian 12)
+    lab.py up [--name L] --hosts N [--os debian12,debian13]
+                                       start hosts L-1..L-N (+ the shared mirror, serving the apt mirror,
+                                       the package index and the Hub stand-in), write an inventory
+                                       (default inventory/sim/hosts.yml), wait until each answers Ansible;
+                                       --os gives each host its release in turn (L-1 the first, ...)
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
     lab.py status                      list the lab's containers and addresses
 
@@ -53,6 +56,9 @@ IMAGE_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo", "iproute2", "procps",
     "curl", "ca-certificates", "openssh-server", "python3-venv", "gnupg",
 ]
+# The host releases the lab can build: its NVIDIA repository layout (sim/mirrors) -> Debian codename.
+RELEASES = {"debian12": "bookworm", "debian13": "trixie"}
+DEFAULT_OS = "debian12"
 IMAGE_SETUP = r"""
 set -e
 mkdir -p -m 700 /root/.ssh
@@ -115,25 +121,38 @@ def ensure_tools() -> None:
                    check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def image_tag() -> str:
-    recipe = json.dumps([IMAGE_PACKAGES, IMAGE_SETUP]).encode()
-    return f"localhost/{PREFIX}-debian12:{hashlib.sha256(recipe).hexdigest()[:12]}"
+def parse_os(value: str) -> list[str]:
+    releases = [r.strip() for r in value.split(",") if r.strip()]
+    unknown = [r for r in releases if r not in RELEASES]
+    if not releases or unknown:
+        raise SystemExit(f"lab: --os {value!r}: give one or more of {', '.join(RELEASES)}, comma-separated")
+    return releases
 
 
-def build_image() -> str:
+def image_tag(release: str = DEFAULT_OS) -> str:
+    # Debian 12's recipe hash is what it was before other releases existed, so its cached image stays valid.
+    recipe = [IMAGE_PACKAGES, IMAGE_SETUP] + ([] if release == DEFAULT_OS else [RELEASES[release]])
+    return f"localhost/{PREFIX}-{release}:{hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]}"
+
+
+def build_image(release: str = DEFAULT_OS) -> str:
+    """The host image of one release, built with debootstrap once and cached by its recipe's hash."""
     ensure_tools()
-    tag = image_tag()
+    tag = image_tag(release)
     if podman("image", "exists", tag, check=False).returncode == 0:
         log(f"image {tag} is cached")
         return tag
-    rootfs = LAB / "rootfs"
+    rootfs = LAB / ("rootfs" if release == DEFAULT_OS else f"rootfs-{release}")
     if rootfs.exists():
         shutil.rmtree(rootfs)
-    log("building the Debian 12 host image with debootstrap (about a minute)")
+    log(f"building the {release} ({RELEASES[release]}) host image with debootstrap (about a minute)")
     started = time.monotonic()
-    with open(LAB / "debootstrap.log", "w") as out:
-        subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}",
-                        "bookworm", str(rootfs)], check=True, stdout=out, stderr=subprocess.STDOUT)
+    logname = "debootstrap.log" if release == DEFAULT_OS else f"debootstrap-{release}.log"
+    with open(LAB / logname, "w") as out:
+        result = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}",
+                                 RELEASES[release], str(rootfs)], stdout=out, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise SystemExit(f"lab: debootstrap of {RELEASES[release]} failed; see {LAB / logname}")
     subprocess.run(["chroot", str(rootfs), "/bin/sh", "-c", IMAGE_SETUP], check=True)
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
     subprocess.run(["podman", "import", "--change", 'CMD ["/sbin/init"]', "--change", "STOPSIGNAL SIGRTMIN+3",
@@ -143,7 +162,7 @@ def build_image() -> str:
         raise SystemExit("lab: packing the image's root file system failed")
     shutil.rmtree(rootfs)
     for old in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
-        if old.startswith(f"localhost/{PREFIX}-debian12:") and old != tag:
+        if old.startswith(f"localhost/{PREFIX}-{release}:") and old != tag:
             podman("rmi", old, check=False)
     log(f"image {tag} built in {time.monotonic() - started:.0f} s")
     return tag
@@ -189,9 +208,10 @@ def host_options_label() -> str:
     return hashlib.sha256(json.dumps(host_options()).encode()).hexdigest()[:12]
 
 
-def run_host(name: str, lab: str, tag: str) -> None:
+def run_host(name: str, lab: str, tag: str, release: str) -> None:
     podman("run", "-d", "--name", name, "--hostname", name.removeprefix(f"{PREFIX}-"),
            "--label", f"moefleet.lab={lab}", "--label", f"moefleet.host-options={host_options_label()}",
+           "--label", f"moefleet.os={release}",
            "--network", NETWORK, "--systemd", "always", *host_options(),
            "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)
 
@@ -221,7 +241,7 @@ def ensure_mirror(tag: str) -> str:
     return f"http://{MIRROR}:{MIRROR_PORT}"
 
 
-def write_inventory(path: Path, hosts: dict[str, str]) -> None:
+def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] | None = None) -> None:
     lines = [
         "---",
         "# Written by sim/lab/lab.py; the lab's other variables are in inventory/sim/group_vars/.",
@@ -237,7 +257,10 @@ def write_inventory(path: Path, hosts: dict[str, str]) -> None:
         "      hosts:",
     ]
     for short, ip in sorted(hosts.items(), key=lambda kv: int(kv[0].rsplit("-", 1)[1])):
-        lines += [f"        {short}:", f"          ansible_host: {ip}"]
+        release = (releases or {}).get(short, DEFAULT_OS)
+        # The host's release, and the layout of NVIDIA's repository (the lab mirror's) that serves it.
+        lines += [f"        {short}:", f"          ansible_host: {ip}", f"          lab_os: {release}",
+                  f"          nvidia_driver_repo_distro: {release}"]
     ssh = [f"Host {short}\n  HostName {ip}\n  User root\n  IdentityFile {SSH_KEY}\n"
            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
            for short, ip in sorted(hosts.items())]
@@ -313,34 +336,63 @@ def ensure_network() -> None:
     log(f"network {NETWORK}: bridge {bridge}, 10.89.{n}.0/24")
 
 
-def up(lab: str, count: int, inventory: Path) -> None:
+def build_mirror() -> None:
+    """The mirror container's content: sim/mirrors (apt, package index) and sim/hub (test models, hf wheels).
+    Each is rebuilt only when its inputs changed (about 0.1 s otherwise)."""
+    for script in (REPO / "sim" / "mirrors" / "build.py", REPO / "sim" / "hub" / "hub.py"):
+        args = [str(LAB / "mirror")] if script.name == "build.py" else ["build", str(LAB / "mirror")]
+        result = subprocess.run([sys.executable, str(script), *args], text=True, capture_output=True)
+        if result.returncode != 0:
+            raise SystemExit(f"lab: {script.relative_to(REPO)} failed:\n{(result.stdout + result.stderr)[-2000:]}")
+
+
+def start_hub() -> None:
+    """The Hub stand-in inside the mirror container (port 8081), started at every `up` (a restarted
+    mirror container has lost it)."""
+    sys.path.insert(0, str(REPO / "sim" / "hub"))
+    import hub  # noqa: PLC0415  (sim/hub: the Hugging Face Hub stand-in)
+
+    hub.up()
+
+
+def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None) -> None:
     if count < 1:
         raise SystemExit("lab: --hosts must be 1 or more; use `make sim-down` to remove the lab")
-    tag = build_image()
+    releases = releases or [DEFAULT_OS]
+    wanted = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
+    os_of = {name: releases[i % len(releases)] for i, name in enumerate(wanted)}
+    tags = {release: build_image(release) for release in dict.fromkeys([DEFAULT_OS, *os_of.values()])}
     ensure_ssh_key()
     ensure_network()
-    mirror_url = ensure_mirror(tag)
+    build_mirror()
+    mirror_url = ensure_mirror(tags[DEFAULT_OS])
+    start_hub()
     existing = lab_containers(lab)
-    wanted = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
     for name in sorted(set(existing) - set(wanted)):
         log(f"removing {name} (lab {lab} resized to {count})")
         podman("rm", "-f", "-t", "5", name)
     started = time.monotonic()
     for name in wanted:
         info = existing.get(name)
-        if info is not None and info.get("Labels", {}).get("moefleet.host-options") != host_options_label():
+        labels = (info or {}).get("Labels") or {}
+        if info is not None and labels.get("moefleet.host-options") != host_options_label():
             log(f"removing {name} (started without the lab's current host options)")
             podman("rm", "-f", "-t", "5", name)
             info = None
+        elif info is not None and (labels.get("moefleet.os", DEFAULT_OS) != os_of[name]
+                                   or info.get("Image") != tags[os_of[name]]):
+            log(f"removing {name} (asked for {os_of[name]} from {tags[os_of[name]]})")
+            podman("rm", "-f", "-t", "5", name)
+            info = None
         if info is None:
-            run_host(name, lab, tag)
-            log(f"started {name}")
+            run_host(name, lab, tags[os_of[name]], os_of[name])
+            log(f"started {name} ({os_of[name]})")
         elif info["State"] != "running":
             podman("start", name)
             log(f"restarted {name}")
         prepare_host(name)
     hosts = {name.removeprefix(f"{PREFIX}-"): container_ip(name) for name in wanted}
-    write_inventory(inventory, hosts)
+    write_inventory(inventory, hosts, {name.removeprefix(f"{PREFIX}-"): os_of[name] for name in wanted})
     group_vars = inventory.parent / "group_vars"
     if inventory.parent != INVENTORY.parent and not group_vars.exists():
         group_vars.symlink_to(INVENTORY.parent / "group_vars")  # the lab's variables, for any lab
@@ -368,10 +420,13 @@ def status() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("image")
+    image_p = sub.add_parser("image")
+    image_p.add_argument("--os", type=parse_os, default=[DEFAULT_OS], help=f"releases: {', '.join(RELEASES)}")
     up_p = sub.add_parser("up")
     up_p.add_argument("--name", default="lab", help="lab name: hosts are NAME-1..NAME-N")
     up_p.add_argument("--hosts", type=int, default=1)
+    up_p.add_argument("--os", type=parse_os, default=[DEFAULT_OS],
+                      help=f"each host's release in turn, comma-separated ({', '.join(RELEASES)})")
     up_p.add_argument("--inventory", type=Path, default=INVENTORY)
     down_p = sub.add_parser("down")
     down_p.add_argument("--name", default="lab")
@@ -381,9 +436,10 @@ def main() -> None:
     args = parser.parse_args()
     LAB.mkdir(parents=True, exist_ok=True)
     if args.cmd == "image":
-        build_image()
+        for release in dict.fromkeys(args.os):
+            build_image(release)
     elif args.cmd == "up":
-        up(args.name, args.hosts, args.inventory.resolve())
+        up(args.name, args.hosts, args.inventory.resolve(), args.os)
     elif args.cmd == "down":
         down(None if args.all else args.name, args.inventory.resolve())
     else:
