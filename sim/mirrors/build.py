@@ -771,8 +771,8 @@ def build_pypi(inputs: Inputs, out: Path) -> None:
         raise BuildError(f"{inputs.sglang / 'pyproject.toml'} names the distribution {meta.get('name')!r}, "
                          "not 'sglang'; the role installs sglang from this index.")
     if meta.get("dependencies"):
-        say(f"warning: the simulator declares dependencies {meta['dependencies']}; this index serves only "
-            "sglang, so `pip install --index-url` on a lab host will not find them.")
+        say(f"note: the simulator declares dependencies {meta['dependencies']}; this index serves only "
+            "sglang: lab hosts get them from the Hub stand-in's index (sim/hub; sglang_pip_extra_index_url).")
     with tempfile.TemporaryDirectory(prefix="moefleet-pypi-") as tmp:
         work = Path(tmp)
         wheel = build_wheel(inputs.sglang, work)
