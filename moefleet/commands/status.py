@@ -82,8 +82,18 @@ def _rollback(entry: Any) -> str:
     return f"{when} {entry.get('from')} -> {entry.get('to')}{reason}".strip()
 
 
+def _runtime(host: dict[str, Any]) -> str:
+    """Failures while serving (the unit's exit hook): OOMs recorded, and the last failure."""
+    last = host.get("last_runtime_failure")
+    if not isinstance(last, dict):
+        return "-"
+    when = str(last.get("time") or "")[:19].replace("T", " ")
+    what = f"{last.get('state')} ({last.get('phase') or last.get('cause')})"
+    return f"{host.get('runtime_ooms') or 0} OOM(s), last {when} {what}"
+
+
 def render_table(hosts: list[dict[str, Any]]) -> str:
-    header = ("host", "serving", "asked", "health", "last rollback")
+    header = ("host", "serving", "asked", "health", "last rollback", "while serving")
     body = [
         (
             str(h.get("host")),
@@ -91,6 +101,7 @@ def render_table(hosts: list[dict[str, Any]]) -> str:
             h.get("asked_profile") or "-",
             h.get("health") or "-",
             _rollback(h.get("last_rollback")),
+            _runtime(h),
         )
         for h in hosts
     ]

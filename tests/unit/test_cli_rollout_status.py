@@ -251,9 +251,19 @@ def test_status_table_and_exit_0_when_all_serve(monkeypatch, inventory, capsys):
     assert cli.main(["status", "-i", str(inventory)]) == 0
     assert fake.calls[0][0] == "status.yml"
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["host", "serving", "asked", "health", "last", "rollback"]
-    assert lines[2].split() == ["lab-1", "tp8", "ep8", "serving", "2026-01-01", "10:00:00", "ep8", "->", "tp8", "(OOM)"]
-    assert lines[3].split() == ["lab-2", "tp8", "tp8", "serving", "-"]
+    assert lines[0].split() == ["host", "serving", "asked", "health", "last", "rollback", "while", "serving"]
+    assert lines[2].split() == ["lab-1", "tp8", "ep8", "serving", "2026-01-01", "10:00:00", "ep8", "->", "tp8", "(OOM)",
+                                "-"]
+    assert lines[3].split() == ["lab-2", "tp8", "tp8", "serving", "-", "-"]
+
+
+def test_status_shows_the_runtime_ooms_the_exit_hook_recorded(monkeypatch, inventory, capsys):
+    doc = status_doc("serving", "serving")
+    doc["hosts"][1].update(runtime_ooms=2, last_runtime_failure={
+        "time": "2026-01-02T03:04:05.6", "state": "oom", "phase": "runtime", "cause": None})
+    monkeypatch.setattr(runner, "run_playbook", FakeRun(report=doc))
+    assert cli.main(["status", "-i", str(inventory)]) == 0
+    assert capsys.readouterr().out.splitlines()[3].endswith("2 OOM(s), last 2026-01-02 03:04:05 oom (runtime)")
 
 
 def test_status_json_and_exit_1_when_one_does_not_serve(monkeypatch, inventory, capsys):

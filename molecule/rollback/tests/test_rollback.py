@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -146,3 +147,72 @@ def test_someone_elses_gpu_process_refuses_the_start(host):
         assert host.file("/etc/systemd/system/sglang.service").content_string == before
     finally:
         host.run(f"kill -9 {pid}")
+
+
+RUNTIME_OOM_AFTER_2 = json.dumps({"sglang_service_extra_env": {
+    "SGLANG_SIM_FAULTS": json.dumps([{"fault": "oom_runtime", "after_requests": 2}])}})
+
+
+def runtime_oom(host) -> float:
+    """Serve two requests, let the third run out of memory in the forward pass, and return the seconds until
+    the unit (restarted by systemd, a new invocation) serves again."""
+    before = invocation(host)
+    gen = ("curl -s -m 20 -o /dev/null -w '%{http_code}' -H 'content-type: application/json' "
+           "-d '{\"text\": \"hi\", \"sampling_params\": {\"max_new_tokens\": 4}}' http://127.0.0.1:30000/generate")
+    assert [host.run(gen).stdout for _ in range(2)] == ["200", "200"]
+    died = time.time()
+    host.run(gen)
+    while time.time() - died < 120:
+        if invocation(host) != before and host.run("curl -sf -m 2 http://127.0.0.1:30000/health").succeeded:
+            return time.time() - died
+        time.sleep(1)
+    raise AssertionError(host.check_output("journalctl -u sglang.service -n 60 --no-pager"))
+
+
+def runtime_facts(host) -> dict:
+    return json.loads(host.file("/etc/ansible/facts.d/moefleet_runtime.fact").content_string)
+
+
+def test_runtime_oom_restarts_the_unit_and_is_recorded(host):
+    rc, out, _ = deploy("profile=tp8", RUNTIME_OOM_AFTER_2)
+    assert rc == 0, out[-3000:]
+    assert host.file("/etc/systemd/system/sglang.service.d/moefleet-serving.conf").exists
+    seconds = runtime_oom(host)
+    print(f"serving again {seconds:.1f} s after the runtime OOM")
+    assert seconds < 60
+    last = runtime_facts(host)["last"]
+    assert (last["state"], last["phase"], last["attempt"]["profile"]) == ("oom", "runtime", "tp8")
+    assert last["oom"]["gpu"] == 0 and last["result"] == "signal"
+
+
+def test_repeated_runtime_ooms_make_the_next_deploy_retune(host):
+    assert runtime_oom(host) < 60
+    assert runtime_facts(host)["ooms"] >= 2
+    rc, out, _ = deploy("profile=tp8", RUNTIME_OOM_AFTER_2)
+    assert rc == 0, out[-3000:]
+    assert "ran out of memory while serving; retrying it once with --max-running-requests 128" in out
+    f = facts(host)
+    assert [(h["profile"], h["outcome"], h["phase"]) for h in f["history"][-2:]] == [
+        ("tp8", "oom", "runtime"), ("tp8", "ready", None)]
+    assert serving_args(host)["max_running_requests"] == 128
+
+
+def test_a_failed_start_is_not_restarted(host):
+    # the serving drop-in comes off before a start the role checks: the crash stays a crash, and is restored
+    rc, out, _ = deploy("profile=tp2ep4", faults(("crash", "tp2ep4")))
+    assert rc != 0
+    assert facts(host)["history"][-1]["outcome"] == "crashed"
+    assert "crashed" not in [f["state"] for f in runtime_facts(host)["failures"]]
+
+
+def test_security_exposure_at_most_3_5(host):
+    out = host.check_output("systemd-analyze security --no-pager sglang.service")
+    score = float(re.search(r"Overall exposure level for sglang\.service: ([\d.]+)", out).group(1))
+    # the same unit without this change's options, for the record
+    host.check_output("sed -E '/^(RestrictAddressFamilies|RestrictNamespaces|ProtectHostname|ProtectProc|UMask|"
+                      "RemoveIPC|SystemCallErrorNumber)=|^SystemCallFilter=~@mount/d' "
+                      "/etc/systemd/system/sglang.service > /tmp/before.service")
+    before = host.run("systemd-analyze security --no-pager --offline=true /tmp/before.service").stdout
+    was = re.findall(r"Overall exposure level for \S+: ([\d.]+)", before)
+    print(f"systemd-analyze security: {score} now; before: {was}")
+    assert score <= 3.5, out
