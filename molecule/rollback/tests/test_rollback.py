@@ -216,3 +216,14 @@ def test_security_exposure_at_most_3_5(host):
     was = re.findall(r"Overall exposure level for \S+: ([\d.]+)", before)
     print(f"systemd-analyze security: {score} now; before: {was}")
     assert score <= 3.5, out
+
+
+def test_an_interrupted_package_install_is_finished_by_the_next_run(host):
+    # what a cut-short install leaves: a package unpacked but not configured (dpkg --audit names it)
+    host.check_output("sed -i '/^Package: nvidia-persistenced$/,/^$/s/^Status: install ok installed$/"
+                      "Status: install ok half-configured/' /var/lib/dpkg/status")
+    assert "nvidia-persistenced" in host.run("dpkg --audit").stdout
+    rc, out, _ = deploy("profile=tp8", RUNTIME_OOM_AFTER_2)
+    finished = r"Finish the packages an interrupted install left unconfigured\]\s*\**\s*changed:"
+    assert re.search(finished, out), out[-3000:]
+    assert host.run("dpkg --audit").stdout.strip() == "", out[-3000:]
