@@ -14,8 +14,10 @@ from playbook import run_playbook  # noqa: E402
 KEY = "sglang_service_api_key=molecule-test-key-7f3a"  # as converge.yml set it
 
 
-def deploy(*extra_vars: str, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return run_playbook(os.environ["MOEFLEET_LAB_INVENTORY"], "deploy.yml", *extra_vars, options=options)
+def deploy(host, *extra_vars: str, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """deploy.yml on the host under test only: the scenario's other host (another OS) is switched by its own test."""
+    return run_playbook(os.environ["MOEFLEET_LAB_INVENTORY"], "deploy.yml", *extra_vars,
+                        options=("--limit", f"{host.backend.get_hostname()},localhost", *options))
 
 
 def unit_and_invocation(host) -> tuple[str, str]:
@@ -25,7 +27,7 @@ def unit_and_invocation(host) -> tuple[str, str]:
 
 def test_check_mode_previews_the_switch_and_changes_nothing(host):
     before = unit_and_invocation(host)
-    run = deploy("profile=ep8", KEY, options=("--check", "--diff"))
+    run = deploy(host, "profile=ep8", KEY, options=("--check", "--diff"))
     assert run.returncode == 0, run.stdout[-3000:]
     assert "+ExecStart=" in run.stdout and "--ep-size 8" in run.stdout
     assert unit_and_invocation(host) == before
@@ -33,7 +35,7 @@ def test_check_mode_previews_the_switch_and_changes_nothing(host):
 
 def test_switch_to_ep8_changes_unit_and_serving_layout(host):
     before_unit, before_invocation = unit_and_invocation(host)
-    run = deploy("profile=ep8", KEY)
+    run = deploy(host, "profile=ep8", KEY)
     assert run.returncode == 0, run.stdout[-3000:]
     unit, invocation = unit_and_invocation(host)
     assert unit != before_unit and invocation != before_invocation
