@@ -161,6 +161,13 @@ def test_fault_oom_cuda_graph(lab):
     assert "allocated in private pools (e.g., CUDA Graphs)" in srv.log
 
 
+def test_fault_on_a_flag_left_unset_matches_although_sglang_fills_its_default(lab):
+    # null: the flag is not on the command line; the simulator fills cuda_graph_max_bs as ServerArgs does
+    srv = lab.start(*TP8, faults=[{"fault": "oom_cuda_graph", "flags": {"tp_size": 8, "cuda_graph_max_bs": None}}])
+    assert srv.wait_exit() == -signal.SIGKILL
+    assert "Exception: Capture cuda graph failed: CUDA out of memory." in srv.log
+
+
 def test_fault_crash_is_an_nccl_error(lab):
     srv = lab.start(*TP8, faults=[{"fault": "crash"}])
     assert srv.wait_exit() == -signal.SIGKILL

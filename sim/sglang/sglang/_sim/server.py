@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
             (os.path.join(TB.PKG, "srt/server_args.py"), 620, "__post_init__", "self.check_server_args()"),
         ]))
         sys.exit(1)
+    # A fault matches the flags as given (null: not on the command line), so before the defaults are filled.
+    faults = F.active_faults(args, clock)
     # ServerArgs.__post_init__ fills the memory defaults (and logs the DP-attention and PP notes) before
     # the engine logs server_args=, so the line shows the computed values, not None.
     spec = G.load_spec()
@@ -113,7 +115,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
     line(clock, "", f"server_args={server_args_repr(args)}")
     visible = visible_gpus(spec)
-    faults = F.active_faults(args, clock)
     if any(f["fault"] == "stale_gpu_process" for f in faults):
         F.ensure_stale_holder(next(f for f in faults if f["fault"] == "stale_gpu_process"), spec)
     plan = build_plan(args, cfg, spec, dict(os.environ), faults, visible, exclude_pids=set())
