@@ -7,6 +7,7 @@ the host is then checked with testinfra: what the unit runs, what serves, and th
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -106,12 +107,30 @@ def test_crash_restores_the_last_unit_that_served(host):
     assert serving_args(host)["ep_size"] == 8
 
 
-def test_port_in_use_restores_too(host):
-    rc, out, _ = deploy("profile=tp2ep4", faults(("port_in_use", "tp2ep4")))
-    assert rc != 0
-    f = facts(host)
-    assert f["outcome"] == "restored" and f["history"][-1]["cause"] == "port_in_use"
-    assert host.socket("tcp://127.0.0.1:30000").is_listening
+def test_port_in_use_names_the_holder_and_restores_nothing_onto_it(host):
+    # Another process takes the port while the service is down: the start fails with "Address already in use",
+    # and the last good unit would fail the same way, so it is put back but not started.
+    host.check_output("systemctl stop sglang.service")
+    host.check_output("systemd-run --unit moefleet-port-holder --uid nobody "
+                      "python3 -m http.server 30000 --bind 127.0.0.1")
+    try:
+        for _ in range(50):
+            if host.socket("tcp://127.0.0.1:30000").is_listening:
+                break
+            time.sleep(0.1)
+        pid = host.check_output("systemctl show -p MainPID --value moefleet-port-holder")
+        last_good = json.loads(host.file("/var/lib/moefleet/last-good.json").content_string)
+        rc, out, _ = deploy("profile=tp2ep4")
+        assert rc != 0
+        assert f"PID {pid} (python3, user nobody)" in " ".join(out.split()), out[-3000:]
+        f = facts(host)
+        assert (f["outcome"], f["serving_profile"]) == ("failed", None)
+        assert (f["history"][-1]["profile"], f["history"][-1]["cause"]) == ("tp2ep4", "port_in_use")
+        assert host.file("/etc/systemd/system/sglang.service").content_string == last_good["unit"]
+        assert not host.service("sglang.service").is_running
+        assert host.run(f"kill -0 {pid}").succeeded
+    finally:
+        host.run("systemctl stop moefleet-port-holder")
 
 
 def stale_holder(host, user: str) -> int:
@@ -190,7 +209,8 @@ def test_repeated_runtime_ooms_make_the_next_deploy_retune(host):
     assert runtime_facts(host)["ooms"] >= 2
     rc, out, _ = deploy("profile=tp8", RUNTIME_OOM_AFTER_2)
     assert rc == 0, out[-3000:]
-    assert "ran out of memory while serving; retrying it once with --max-running-requests 128" in out
+    # the callback's YAML output folds long messages over lines
+    assert "ran out of memory while serving; retrying it once with --max-running-requests 128" in " ".join(out.split())
     f = facts(host)
     assert [(h["profile"], h["outcome"], h["phase"]) for h in f["history"][-2:]] == [
         ("tp8", "oom", "runtime"), ("tp8", "ready", None)]
@@ -227,3 +247,17 @@ def test_an_interrupted_package_install_is_finished_by_the_next_run(host):
     finished = r"Finish the packages an interrupted install left unconfigured\]\s*\**\s*changed:"
     assert re.search(finished, out), out[-3000:]
     assert host.run("dpkg --audit").stdout.strip() == "", out[-3000:]
+
+
+def test_a_record_from_older_code_restores_its_separate_unit_file(host):
+    # Older deploys kept the last good unit in sglang.service.last-good beside a record of the attempt alone.
+    record = json.loads(host.file("/var/lib/moefleet/last-good.json").content_string)
+    host.check_output("cp /etc/systemd/system/sglang.service /var/lib/moefleet/sglang.service.last-good")
+    host.check_output(f"echo {shlex.quote(json.dumps({'attempt': record['attempt']}))} > /var/lib/moefleet/last-good.json")
+    rc, out, _ = deploy("profile=tp2ep4", faults(("crash", "tp2ep4")))
+    assert rc != 0 and "does not serve tp2ep4" in out, out[-3000:]
+    f = facts(host)
+    assert (f["outcome"], f["serving_profile"]) == ("restored", record["attempt"]["profile"]), out[-3000:]
+    assert host.file("/etc/systemd/system/sglang.service").content_string == record["unit"]
+    assert host.service("sglang.service").is_running
+
