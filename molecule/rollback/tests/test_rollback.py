@@ -261,3 +261,7 @@ def test_a_record_from_older_code_restores_its_separate_unit_file(host):
     assert host.file("/etc/systemd/system/sglang.service").content_string == record["unit"]
     assert host.service("sglang.service").is_running
 
+
+def test_unit_backups_are_pruned_to_the_newest_three(host):
+    backups = host.check_output("ls /etc/systemd/system/ | grep -c '^sglang\\.service\\..*~$' || true")
+    assert 1 <= int(backups) <= 3
