@@ -253,7 +253,8 @@ def test_a_record_from_older_code_restores_its_separate_unit_file(host):
     # Older deploys kept the last good unit in sglang.service.last-good beside a record of the attempt alone.
     record = json.loads(host.file("/var/lib/moefleet/last-good.json").content_string)
     host.check_output("cp /etc/systemd/system/sglang.service /var/lib/moefleet/sglang.service.last-good")
-    host.check_output(f"echo {shlex.quote(json.dumps({'attempt': record['attempt']}))} > /var/lib/moefleet/last-good.json")
+    old_record = shlex.quote(json.dumps({"attempt": record["attempt"]}))
+    host.check_output(f"echo {old_record} > /var/lib/moefleet/last-good.json")
     rc, out, _ = deploy("profile=tp2ep4", faults(("crash", "tp2ep4")))
     assert rc != 0 and "does not serve tp2ep4" in out, out[-3000:]
     f = facts(host)
