@@ -2,7 +2,8 @@
 
 A fresh private data directory per run, the repository as project directory, events handed to the caller
 as they come, and Ctrl-C in two steps: the first asks the run to stop after the running task (the
-moefleet_report callback ends the run at the next task start and writes its report), the second stops it
+moefleet_report callback ends the run at the next task start and writes its report; a host whose service
+start began finishes that start, its rollback or restore and its record first), the second stops it
 at once (ansible-runner kills ansible-playbook).
 """
 
@@ -59,7 +60,8 @@ class Interrupt:
             return
         self.requested = True
         self.stop_file.touch()
-        self.notice("Stopping after the running task; press Ctrl-C again to stop now.")
+        self.notice("Stopping after the running task (a started rollback or restore runs to its end first); "
+                    "press Ctrl-C again to stop now.")
 
     def cancel(self) -> bool:
         """ansible-runner's cancel_callback: True kills the run."""

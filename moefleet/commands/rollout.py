@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run playbooks/rollout.yml through ansible-runner: canary host first, then batches; the first host "
             "that does not serve the asked profile stops the rollout. Prints one line per host state change, "
-            "then the report. Ctrl-C stops after the running task, a second Ctrl-C at once. Exit 0 when every "
+            "then the report. Ctrl-C stops after the running task (a host's started rollback or restore first "
+            "runs to its end), a second Ctrl-C at once. Exit 0 when every "
             "host serves the asked profile, 1 when the rollout stopped or a host did not, 2 on bad input, "
             "130 on Ctrl-C."
         ),

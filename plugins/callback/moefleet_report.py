@@ -28,7 +28,9 @@ description:
     restored, failed), else failed or unreachable from its results, untouched when the run stopped before its
     batch, stopped when it was reached but the run ended before it finished.
   - When the file named by the environment variable C(MOEFLEET_STOP_FILE) exists at the start of a task, the
-    report is written and the run ends before that task starts (how C(moefleet rollout) stops on Ctrl-C).
+    report is written and the run ends before that task starts (how C(moefleet rollout) stops on Ctrl-C);
+    except from the start of the service (the role C(sglang_service)'s C(tasks/start.yml)) to the end of that
+    role: a start, its rollback or restore and the record of its outcome run to their end first.
   - C(moefleet_report_dir) (a play variable) is relative to the working directory; C(moefleet_report_path)
     (an extra variable) is the report's path without extension.
 requirements:
@@ -37,6 +39,9 @@ requirements:
 
 # Roles whose tasks mark the play that installs and serves SGLang.
 _SERVE_ROLES = frozenset({"nvidia_driver", "cuda_toolkit", "sglang", "sglang_model", "sglang_service"})
+# A stop request waits from the first task of this role's start file to the role's end (start, rollback or
+# restore, record): a host is never left half-way through a rollback or restore.
+_SERVICE_ROLE, _SERVICE_START = "sglang_service", "start.yml"
 _DEFAULT_DIR_PLAYBOOKS = {"rollout.yml": "reports"}
 _FINAL = ("ready", "degraded", "restored", "failed")
 
@@ -92,6 +97,8 @@ class CallbackModule(CallbackBase):
 
     def _reset(self) -> None:
         self._playbook = ""
+        # Between the start of the service and the end of its role: a stop request waits until then.
+        self._starting = False
         self._started: float | None = None
         self._report_dir: str | None = None
         self._report_path: str | None = None
@@ -151,9 +158,14 @@ class CallbackModule(CallbackBase):
             entry.start = min(entry.start or started, started)
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
-        if self._stop_file and os.path.exists(self._stop_file):
-            self._stop_before(task)
         role = getattr(task, "_role", None)
+        in_service = role is not None and role.get_name() == _SERVICE_ROLE
+        if in_service and os.path.basename((task.get_path() or "").rsplit(":", 1)[0]) == _SERVICE_START:
+            self._starting = True
+        elif not in_service:
+            self._starting = False
+        if self._stop_file and os.path.exists(self._stop_file) and not self._starting:
+            self._stop_before(task)
         if not self._play_is_serve and role is not None and role.get_name() in _SERVE_ROLES:
             self._mark_serve_play()
 

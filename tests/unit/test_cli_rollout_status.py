@@ -294,7 +294,8 @@ def test_interrupt_first_asks_for_a_stop_then_cancels(tmp_path):
     assert interrupt.requested and (tmp_path / "stop").exists() and not interrupt.cancel()
     interrupt(2, None)
     assert interrupt.cancel()
-    assert notices == ["Stopping after the running task; press Ctrl-C again to stop now.", "Stopping now."]
+    assert notices == ["Stopping after the running task (a started rollback or restore runs to its end first); "
+                       "press Ctrl-C again to stop now.", "Stopping now."]
 
 
 def test_run_playbook_passes_what_ansible_runner_needs(monkeypatch, inventory):

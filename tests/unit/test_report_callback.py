@@ -88,8 +88,9 @@ _uuid = iter(range(1, 10_000))
 
 
 class Task:
-    def __init__(self, name: str, role: str | None = None, action: str = "debug", parent=None) -> None:
+    def __init__(self, name: str, role: str | None = None, action: str = "debug", parent=None, path: str = "") -> None:
         self.name = name
+        self.path = path
         self._role = Role(role) if role else None
         self.action = action
         self._parent = parent
@@ -97,6 +98,9 @@ class Task:
 
     def get_name(self) -> str:
         return self.name
+
+    def get_path(self) -> str:
+        return self.path
 
 
 class Block:
@@ -334,6 +338,38 @@ def test_stop_request_writes_the_report_and_ends_before_the_next_task(tmp_path):
     assert [h["outcome"] for h in report["hosts"]] == ["ready", "untouched", "untouched"]
     run.stats()  # ansible-playbook sends no stats after an interrupt; if it did, nothing is written twice
     assert read(base)["stopped_by"]
+
+
+def test_stop_request_waits_for_a_started_hosts_rollback_and_restore(tmp_path):
+    base = tmp_path / "r8"
+    stop = tmp_path / "stop"
+    run = Run(extra={"moefleet_report_path": str(base)}, stop_file=stop)
+    run.validate_and_confirm({"lab-2": "tp8"})
+    tasks = "/repo/roles/sglang_service/tasks/"
+    run.cb.v2_playbook_on_task_start(Task("Check the unit's inputs", "sglang_service", path=tasks + "inputs.yml:3"),
+                                     False)
+    run.cb.v2_playbook_on_task_start(Task("Ensure SGLang runs", "sglang_service", path=tasks + "start.yml:20"), False)
+    stop.touch()  # the first Ctrl-C, while the start is checked
+    for name, file in (("Roll back to safer profile", "../handlers/main.yml:2"),
+                       ("Start the remedy", "attempt.yml:22"),
+                       ("Start the restored unit", "restore.yml:86"),
+                       ("Write the moefleet local facts", "record.yml:70")):
+        run.cb.v2_playbook_on_task_start(Task(name, "sglang_service", path=tasks + file), False)
+    assert not base.with_suffix(".json").exists()
+    with pytest.raises(KeyboardInterrupt):
+        run.cb.v2_playbook_on_task_start(Task("Check that every host done so far still serves"), False)
+    assert "Check that every host done so far still serves" in read(base)["stopped_by"]
+
+
+def test_stop_request_before_the_start_stops_at_the_next_task(tmp_path):
+    stop = tmp_path / "stop"
+    run = Run(extra={"moefleet_report_path": str(tmp_path / "r9")}, stop_file=stop)
+    run.validate_and_confirm({"lab-2": "tp8"})
+    stop.touch()
+    with pytest.raises(KeyboardInterrupt):
+        run.cb.v2_playbook_on_task_start(
+            Task("Render and install the unit", "sglang_service", path="/repo/roles/sglang_service/tasks/unit.yml:9"),
+            False)
 
 
 def test_render_text_aligns_columns():
