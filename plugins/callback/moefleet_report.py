@@ -30,7 +30,7 @@ description:
   - When the file named by the environment variable C(MOEFLEET_STOP_FILE) exists at the start of a task, the
     report is written and the run ends before that task starts (how C(moefleet rollout) stops on Ctrl-C);
     except from the start of the service (the role C(sglang_service)'s C(tasks/start.yml)) to the end of that
-    role: a start, its rollback or restore and the record of its outcome run to their end first.
+    role, so that a start, its rollback or restore and the record of its outcome run to their end first.
   - C(moefleet_report_dir) (a play variable) is relative to the working directory; C(moefleet_report_path)
     (an extra variable) is the report's path without extension.
 requirements:
@@ -41,7 +41,8 @@ requirements:
 _SERVE_ROLES = frozenset({"nvidia_driver", "cuda_toolkit", "sglang", "sglang_model", "sglang_service"})
 # A stop request waits from the first task of this role's start file to the role's end (start, rollback or
 # restore, record): a host is never left half-way through a rollback or restore.
-_SERVICE_ROLE, _SERVICE_START = "sglang_service", "start.yml"
+_SERVICE_ROLE = "sglang_service"
+_SERVICE_START = "start.yml"
 _DEFAULT_DIR_PLAYBOOKS = {"rollout.yml": "reports"}
 _FINAL = ("ready", "degraded", "restored", "failed")
 
