@@ -142,9 +142,9 @@ def stale_holder(host, user: str) -> int:
         "'{\"gpus\": [0, 1, 2, 3, 4, 5, 6, 7], \"mib\": 20480}' </dev/null >/dev/null 2>&1")
     owned = host.check_output(f"pgrep -u {user} -d ' ' . || true").split()
     apps = host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()
-    unit = host.check_output("systemctl show -p ControlGroup --value sglang.service")
+    unit = host.check_output("systemctl show -p ControlGroup --value sglang.service")  # empty when stopped
     stale = [int(p) for p in set(owned) & set(apps)
-             if unit not in host.file(f"/proc/{p}/cgroup").content_string]
+             if not unit or unit not in host.file(f"/proc/{p}/cgroup").content_string]
     assert len(stale) == 1, (owned, apps)
     return stale[0]
 
