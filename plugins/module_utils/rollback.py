@@ -99,6 +99,16 @@ def _down_the_ladder(
                                            "restoring the last unit that served."}
 
 
+def _halved(current: Mapping[str, Any], flags: Mapping[str, Any], flag: str, start: int, remedy: str,
+            why: str) -> dict[str, Any]:
+    """Retry the same layout once with ``flag`` halved (``start`` when the profile does not set it)."""
+    value = flags.get(flag)
+    smaller = max(1, int(value) // 2) if value else start
+    tuning = {**(current.get("tuning") or {}), flag: smaller}
+    return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": remedy},
+            "reason": f"{why}; retrying it once with --{flag.replace('_', '-')} {smaller}."}
+
+
 def next_step(
     ladder: Sequence[str],
     attempts: Sequence[Mapping[str, Any]],
@@ -135,20 +145,12 @@ def next_step(
         if step is not None:
             return step
     if state == "oom" and phase == "cuda_graph" and not _retuned(attempts, current, "retune_cuda_graph"):
-        bs = flags.get("cuda_graph_max_bs")
-        smaller = max(1, int(bs) // 2) if bs else CUDA_GRAPH_BS_START
-        tuning = {**(current.get("tuning") or {}), "cuda_graph_max_bs": smaller}
-        return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_cuda_graph"},
-                "reason": f"{name} ran out of memory capturing CUDA graphs; retrying it once with "
-                          f"--cuda-graph-max-bs {smaller}."}
+        return _halved(current, flags, "cuda_graph_max_bs", CUDA_GRAPH_BS_START, "retune_cuda_graph",
+                       f"{name} ran out of memory capturing CUDA graphs")
     if state == "oom" and phase == "runtime" and not _retuned(attempts, current, "retune_runtime") \
             and "max_running_requests" not in (current.get("tuning") or {}):
-        running = flags.get("max_running_requests")
-        smaller = max(1, int(running) // 2) if running else MAX_RUNNING_START
-        tuning = {**(current.get("tuning") or {}), "max_running_requests": smaller}
-        return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": "retune_runtime"},
-                "reason": f"{name} ran out of memory while serving; retrying it once with "
-                          f"--max-running-requests {smaller}."}
+        return _halved(current, flags, "max_running_requests", MAX_RUNNING_START, "retune_runtime",
+                       f"{name} ran out of memory while serving")
     if state == "hung" and current.get("nccl_set") != SHM_NCCL_SET and not _retuned(attempts, current, "nccl_shm"):
         pairs = planner.custom_all_reduce_pairs(layout) if layout is not None else []
         tuning = dict(current.get("tuning") or {})
