@@ -161,6 +161,20 @@ def test_fault_oom_cuda_graph(lab):
     assert "allocated in private pools (e.g., CUDA Graphs)" in srv.log
 
 
+def test_only_the_main_thread_takes_the_signals_that_end_the_server(lab):
+    # A SIGQUIT from a failing rank handed to a helper thread used to leave the main thread asleep and the
+    # server alive (CI saw it once in ~40 runs); every thread but the main one must block these signals.
+    srv = lab.start(*TP8)
+    srv.wait_ready()
+    wanted = {signal.SIGQUIT, signal.SIGTERM, signal.SIGINT}
+    tasks = [t for t in os.listdir(f"/proc/{srv.proc.pid}/task") if int(t) != srv.proc.pid]
+    assert tasks, "the server runs helper threads (HTTP, the rank watcher)"
+    for tid in tasks:
+        status = open(f"/proc/{srv.proc.pid}/task/{tid}/status").read()
+        blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+        assert all(blocked & (1 << (sig - 1)) for sig in wanted), (tid, hex(blocked))
+
+
 def test_fault_on_a_flag_left_unset_matches_although_sglang_fills_its_default(lab):
     # null: the flag is not on the command line; the simulator fills cuda_graph_max_bs as ServerArgs does
     srv = lab.start(*TP8, faults=[{"fault": "oom_cuda_graph", "flags": {"tp_size": 8, "cuda_graph_max_bs": None}}])

@@ -33,6 +33,22 @@ CHILDREN: list[subprocess.Popen] = []
 _DYING = threading.Event()
 
 
+# The signals SGLang's main process handles. Python runs a handler in the main thread, but the kernel hands a
+# process-directed signal to any thread that does not block it: one caught by a helper thread leaves the main
+# thread asleep in time.sleep(3600) and the server alive. So every helper thread blocks them.
+MAIN_THREAD_SIGNALS = {signal.SIGQUIT, signal.SIGTERM, signal.SIGINT}
+
+
+def start_helper_thread(target, *args) -> threading.Thread:
+    """A daemon thread that leaves MAIN_THREAD_SIGNALS to the main thread (threads it starts inherit this)."""
+    def run() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, MAIN_THREAD_SIGNALS)
+        target(*args)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
 def kill_process_tree(include_parent: bool) -> None:
     """sglang.srt.utils.kill_process_tree: SIGKILL children, then (optionally) ourselves."""
     for p in CHILDREN:
@@ -171,8 +187,7 @@ def main(argv: list[str] | None = None) -> None:
             p.stdin.write(f"{clock.wall_start!r}\n".encode())
             p.stdin.close()
 
-    watcher = threading.Thread(target=_watch_children, args=(clock,), daemon=True)
-    watcher.start()
+    start_helper_thread(_watch_children, clock)
 
     if plan.ready_at is None:  # start-up fails (a rank sends SIGQUIT) or hangs: wait to be killed
         while True:
@@ -234,7 +249,7 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
         _DYING.set()
         kill_process_tree(include_parent=False)  # launch_server's finally: kill_process_tree(include_parent=False)
         sys.exit(1)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    start_helper_thread(srv.serve_forever)
     emit(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
     # warm-up request (http_server._wait_and_warmup)
     clock.sleep_sim(0.5)
