@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -170,7 +171,7 @@ def test_only_the_main_thread_takes_the_signals_that_end_the_server(lab):
     tasks = [t for t in os.listdir(f"/proc/{srv.proc.pid}/task") if int(t) != srv.proc.pid]
     assert tasks, "the server runs helper threads (HTTP, the rank watcher)"
     for tid in tasks:
-        status = open(f"/proc/{srv.proc.pid}/task/{tid}/status").read()
+        status = Path(f"/proc/{srv.proc.pid}/task/{tid}/status").read_text()
         blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
         assert all(blocked & (1 << (sig - 1)) for sig in wanted), (tid, hex(blocked))
 
