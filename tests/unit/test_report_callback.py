@@ -350,9 +350,9 @@ def test_stop_request_waits_for_a_started_hosts_rollback_and_restore(tmp_path):
                                      False)
     run.cb.v2_playbook_on_task_start(Task("Ensure SGLang runs", "sglang_service", path=tasks + "start.yml:20"), False)
     stop.touch()  # the first Ctrl-C, while the start is checked
-    for name, file in (("Roll back to safer profile", "../handlers/main.yml:2"),
-                       ("Start the remedy", "attempt.yml:22"),
-                       ("Start the restored unit", "restore.yml:86"),
+    for name, file in (("Roll back to a safer profile", "start.yml:21"),
+                       ("Ensure SGLang runs the attempt's unit", "attempt.yml:104"),
+                       ("Restore and start the last unit that served", "restore.yml:28"),
                        ("Write the moefleet local facts", "record.yml:70")):
         run.cb.v2_playbook_on_task_start(Task(name, "sglang_service", path=tasks + file), False)
     assert not base.with_suffix(".json").exists()

@@ -4,6 +4,7 @@ The deploys run with ansible-playbook against the scenario's inventory, with `si
 the host is then checked with testinfra: what the unit runs, what serves, and the moefleet local facts.
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -260,6 +261,30 @@ def test_a_record_from_older_code_restores_its_separate_unit_file(host):
     f = facts(host)
     assert (f["outcome"], f["serving_profile"]) == ("restored", record["attempt"]["profile"]), out[-3000:]
     assert host.file("/etc/systemd/system/sglang.service").content_string == record["unit"]
+    assert host.service("sglang.service").is_running
+
+
+def test_a_failure_inside_the_rollback_restores_the_last_good_unit(host):
+    # Once the start began, systemd-analyze (the unit checker's) fails: rendering the fallback's unit fails
+    # inside the rollback, and the start's rescue (tasks/start.yml) restores the last unit that served.
+    before = invocation(host)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(deploy, "profile=tp8", faults(("oom_weight_load", "tp8")))
+        try:
+            while invocation(host) == before and not run.done():
+                time.sleep(0.2)
+            host.check_output("mv /usr/bin/systemd-analyze /usr/bin/systemd-analyze.moved && "
+                              "printf '#!/bin/sh\\nexit 1\\n' > /usr/bin/systemd-analyze && "
+                              "chmod 755 /usr/bin/systemd-analyze")
+            rc, out, _ = run.result()
+        finally:
+            host.run("test -e /usr/bin/systemd-analyze.moved && mv -f /usr/bin/systemd-analyze.moved "
+                     "/usr/bin/systemd-analyze")
+    assert rc != 0
+    said = " ".join(out.split())
+    assert "The rollback itself failed at" in said and "Install sglang.service" in said, out[-3000:]
+    f = facts(host)
+    assert (f["asked_profile"], f["outcome"]) == ("tp8", "restored"), out[-3000:]
     assert host.service("sglang.service").is_running
 
 
