@@ -14,6 +14,10 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 SETUP_STAMP := $(VENV)/.setup-done
+# The clone is the collection moefleet.serving: Ansible finds it through this link (ansible.cfg's
+# collections_path), Python through a .pth file in the venv naming the directory above ansible_collections.
+COLLECTIONS := $(CURDIR)/.ansible/collections
+COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/moefleet/serving
 
 .PHONY: help setup lint test unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
 
@@ -23,6 +27,9 @@ help:
 	@echo "make setup | lint | unit | oracle | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
 
 setup: $(SETUP_STAMP)
+	@if [ -e $(COLLECTION_LINK) ] && [ ! -L $(COLLECTION_LINK) ]; then rm -rf $(COLLECTION_LINK); fi
+	@mkdir -p $(dir $(COLLECTION_LINK)) && ln -sfn ../../../.. $(COLLECTION_LINK)
+	@echo $(COLLECTIONS) > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/moefleet-collections.pth"
 
 $(SETUP_STAMP): pyproject.toml requirements.yml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
