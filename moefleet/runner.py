@@ -1,10 +1,10 @@
-"""Run this repository's playbooks through ansible-runner, the way ansible-rulebook does.
+"""Run the collection's playbooks through ansible-runner, the way ansible-rulebook does.
 
-A fresh private data directory per run, the repository as project directory, events handed to the caller
-as they come, and Ctrl-C in two steps: the first asks the run to stop after the running task (the
-moefleet_report callback ends the run at the next task start and writes its report; a host whose service
-start began finishes that start, its rollback or restore and its record first), the second stops it
-at once (ansible-runner kills ansible-playbook).
+A fresh private data directory per run, the collection (a clone or an installed copy) as project
+directory, events handed to the caller as they come, and Ctrl-C in two steps: the first asks the run to
+stop after the running task (the moefleet_report callback ends the run at the next task start and writes
+its report; a host whose service start began finishes that start, its rollback or restore and its record
+first), the second stops it at once (ansible-runner kills ansible-playbook).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PLAYBOOKS = REPO_ROOT / "playbooks"
-ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
-CALLBACK_PLUGINS = REPO_ROOT / "plugins" / "callback"
+from moefleet import collection
+
+# The report callback, enabled for every run: also where no clone's ansible.cfg applies (an installed collection).
+REPORT_CALLBACK = "moefleet.serving.moefleet_report"
 # How often ansible-runner asks cancel_callback, in seconds (its default is 5).
 POLL_SECONDS = 0.5
 
@@ -69,7 +69,7 @@ class Interrupt:
 
 
 def playbook_path(name: str) -> Path:
-    path = PLAYBOOKS / name
+    path = collection.PLAYBOOKS / name
     if not path.is_file():
         raise BadInput(f"The playbook {path} is missing from this installation.")
     return path
@@ -113,18 +113,16 @@ def run_playbook(
 
         envvars = {
             "PATH": path,
-            "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
-            # ansible-runner prepends its own callback directory to this variable, which hides the
-            # callback_plugins setting of ansible.cfg: name ours here as well.
-            "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACK_PLUGINS),
-            "ANSIBLE_CALLBACKS_ENABLED": "moefleet_report",
+            "ANSIBLE_CALLBACKS_ENABLED": REPORT_CALLBACK,
             "MOEFLEET_STOP_FILE": str(interrupt.stop_file),
         }
+        if collection.ANSIBLE_CFG is not None:
+            envvars["ANSIBLE_CONFIG"] = str(collection.ANSIBLE_CFG)
         previous = signal.signal(signal.SIGINT, interrupt)
         try:
             runner = ansible_runner.run(
                 private_data_dir=data_dir,
-                project_dir=str(REPO_ROOT),
+                project_dir=str(collection.ROOT),
                 playbook=str(playbook),
                 inventory=str(hosts),
                 extravars=dict(extravars or {}),

@@ -24,8 +24,9 @@ import os
 import sys
 import time
 
+from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import classify, is_log
+
 from moefleet.commands import number_problem
-from moefleet.logic.sglang_log import classify, is_log
 
 EXIT_READY, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 

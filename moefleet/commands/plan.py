@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moefleet.commands import number_problem, whole_number_problem
-from moefleet.logic import planner, profiles
+from ansible_collections.moefleet.serving.plugins.module_utils import planner, profiles
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CATALOG = REPO_ROOT / "profiles" / "catalog.yml"
-DEFAULT_SCHEMA = REPO_ROOT / "schemas" / "profile_catalog.schema.json"
+from moefleet import collection
+from moefleet.commands import number_problem, whole_number_problem
+
+DEFAULT_CATALOG = collection.CATALOG
+DEFAULT_SCHEMA = collection.SCHEMA
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 LAYOUT = ("tp", "ep", "pp", "dp")  # the ad-hoc layout's options, each SGLang's --<name>-size

@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     if report is None:
         print(
             f"moefleet rollout: the run ended ({outcome.status}, rc {outcome.rc}) without writing its report "
-            f"{base}.json; is callbacks_enabled = moefleet_report in effect?"
+            f"{base}.json; is callbacks_enabled = moefleet.serving.moefleet_report in effect?"
             if not outcome.hard_stopped
             else "moefleet rollout: stopped at once; no report was written.",
             file=sys.stderr,

@@ -34,7 +34,7 @@ description:
   - C(moefleet_report_dir) (a play variable) is relative to the working directory; C(moefleet_report_path)
     (an extra variable) is the report's path without extension.
 requirements:
-  - enabled in ansible.cfg (callbacks_enabled = moefleet_report)
+  - enabled in ansible.cfg (callbacks_enabled = moefleet.serving.moefleet_report)
 """
 
 # Roles whose tasks mark the play that installs and serves SGLang.
@@ -45,6 +45,11 @@ _SERVICE_ROLE = "sglang_service"
 _SERVICE_START = "start.yml"
 _DEFAULT_DIR_PLAYBOOKS = {"rollout.yml": "reports"}
 _FINAL = ("ready", "degraded", "restored", "failed")
+
+
+def _role_name(role) -> str:
+    """The role's own name, also when it runs from the installed collection (moefleet.serving.<name>)."""
+    return role.get_name(include_role_fqcn=False)
 
 
 def _iso(ts: float | None) -> str | None:
@@ -87,7 +92,7 @@ class _Host:
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
-    CALLBACK_NAME = "moefleet_report"
+    CALLBACK_NAME = "moefleet.serving.moefleet_report"
     CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self, *args, **kwargs) -> None:
@@ -160,14 +165,14 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
         role = getattr(task, "_role", None)
-        in_service = role is not None and role.get_name() == _SERVICE_ROLE
+        in_service = role is not None and _role_name(role) == _SERVICE_ROLE
         if in_service and os.path.basename((task.get_path() or "").rsplit(":", 1)[0]) == _SERVICE_START:
             self._starting = True
         elif not in_service:
             self._starting = False
         if self._stop_file and os.path.exists(self._stop_file) and not self._starting:
             self._stop_before(task)
-        if not self._play_is_serve and role is not None and role.get_name() in _SERVE_ROLES:
+        if not self._play_is_serve and role is not None and _role_name(role) in _SERVE_ROLES:
             self._mark_serve_play()
 
     def v2_playbook_on_handler_task_start(self, task) -> None:

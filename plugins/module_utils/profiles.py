@@ -17,10 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-try:  # as moefleet.logic.profiles (CLI) or ansible.module_utils.profiles (modules)
-    from . import planner
-except ImportError:  # as a bare module: the filter plugin puts module_utils on sys.path
-    import planner  # type: ignore[no-redef]
+from ansible_collections.moefleet.serving.plugins.module_utils import planner
 
 
 class ProfileError(ValueError):

@@ -25,10 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-try:  # as moefleet.logic.rollback (CLI) or ansible.module_utils.rollback (modules)
-    from . import planner
-except ImportError:  # as a bare module: the filter plugin puts module_utils on sys.path
-    import planner  # type: ignore[no-redef]
+from ansible_collections.moefleet.serving.plugins.module_utils import planner
 
 SHM_NCCL_SET = "pcie_shm"
 # Retuning after a CUDA-graph OOM: halve the batch sizes captured; start here when the profile has none.

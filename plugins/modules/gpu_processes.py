@@ -40,7 +40,7 @@ author: moefleet
 
 EXAMPLES = r"""
 - name: Clean the service user's leftovers; report anyone else's
-  gpu_processes:
+  moefleet.serving.gpu_processes:
     service_user: sglang
   register: __gpu_processes
 """
@@ -68,7 +68,11 @@ import signal
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_facts import COMPUTE_APPS_FIELDS, GpuFactsError, parse_compute_apps
+from ansible_collections.moefleet.serving.plugins.module_utils.gpu_facts import (
+    COMPUTE_APPS_FIELDS,
+    GpuFactsError,
+    parse_compute_apps,
+)
 
 
 def owner(pid):

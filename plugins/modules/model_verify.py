@@ -31,7 +31,7 @@ options:
   checksums:
     description:
       - Also hash every shard and compare it with the sha256 the Hub gave as its ETag (recorded by C(hf download)).
-      - Reads every byte (minutes for a large model): a shard corrupt at the same size is caught.
+      - "Reads every byte (minutes for a large model): a shard corrupt at the same size is caught."
     type: bool
     default: false
   remote_files:
@@ -48,7 +48,7 @@ author: moefleet
 
 EXAMPLES = r"""
 - name: Check the staged model
-  model_verify:
+  moefleet.serving.model_verify:
     path: /srv/models/Kimi-K2.6
     fail_incomplete: true
 """
@@ -99,7 +99,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_files import (
+from ansible_collections.moefleet.serving.plugins.module_utils.model_files import (
     HEADER_LEN_BYTES,
     ModelDirError,
     bytes_to_download,

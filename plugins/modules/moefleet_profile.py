@@ -18,7 +18,7 @@ description:
     starts against C(nvidia_driver_expected_gpu_count), and the model source.
   - Every problem is reported as a sentence (schema errors as C(path) colon message, after the file and
     line it was written at), before any host is touched.
-  - Runs on the controller (C(hosts: localhost)); it changes nothing.
+  - "Runs on the controller (C(hosts: localhost)); it changes nothing."
 options:
   catalog_path:
     description: The shipped catalog file (profiles/catalog.yml) on the controller; read here, so errors name its lines.
@@ -32,7 +32,9 @@ options:
     description: Operator additions, a mapping of name to profile or a catalog-shaped mapping.
     type: raw
   extra_profiles_origins:
-    description: Where each path of O(extra_profiles) was written (C(FILE, line N)), from the moefleet_origins filter.
+    description:
+      - Where each path of O(extra_profiles) was written (C(FILE, line N)), from the
+        P(moefleet.serving.origins#filter) filter.
     type: dict
     default: {}
   requested:
@@ -44,8 +46,8 @@ options:
     default: {}
   host_inputs:
     description:
-      - Per host, the variables it defines that the checks read (inventory and C(-e)), from the moefleet_host_inputs
-        filter; the HF token only as C(sglang_model_hf_token_set).
+      - Per host, the variables it defines that the checks read (inventory and C(-e)), from the
+        P(moefleet.serving.host_inputs#filter) filter; the HF token only as C(sglang_model_hf_token_set).
     type: dict
     default: {}
   role_defaults:
@@ -62,7 +64,7 @@ author: moefleet
 
 EXAMPLES = r"""
 - name: Validate the catalog and resolve profiles
-  moefleet_profile:
+  moefleet.serving.moefleet_profile:
     catalog_path: profiles/catalog.yml
     schema: "{{ lookup('file', 'schemas/profile_catalog.schema.json') | from_json }}"
     requested: "{{ profile | default(omit) }}"
@@ -85,7 +87,7 @@ hosts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.profiles import (
+from ansible_collections.moefleet.serving.plugins.module_utils.profiles import (
     ProfileError,
     catalog_origins,
     extra_var_problem,

@@ -23,7 +23,7 @@ author: moefleet
 
 EXAMPLES = r"""
 - name: Gather GPU facts
-  nvidia_gpu_facts:
+  moefleet.serving.nvidia_gpu_facts:
 
 - name: Show the GPU count
   ansible.builtin.debug:
@@ -44,7 +44,12 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_facts import QUERY_FIELDS, GpuFactsError, parse_gpu_csv, summarize
+from ansible_collections.moefleet.serving.plugins.module_utils.gpu_facts import (
+    QUERY_FIELDS,
+    GpuFactsError,
+    parse_gpu_csv,
+    summarize,
+)
 
 
 def main():

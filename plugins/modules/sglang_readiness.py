@@ -12,7 +12,7 @@ description:
     of M(ansible.builtin.wait_for).
   - The log is the systemd unit's journal for its current invocation only (C(InvocationID)), so lines
     of earlier starts never count; or a plain file given as O(log_path), read from its beginning.
-  - Each log line goes through the classifier in C(module_utils/sglang_log.py), the same one
+  - Each log line goes through the classifier in C(plugins/module_utils/sglang_log.py), the same one
     C(moefleet diagnose) uses. The module returns within about one second of the line that decides
     the start (an OOM, a crash's exception line, the unit dying), not at the timeout.
   - HTTP is polled in order C(/health_generate), C(/v1/models), C(/server_info) (C(/get_server_info) on
@@ -92,7 +92,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Wait for SGLang to serve the profile it was started with
-  sglang_readiness:
+  moefleet.serving.sglang_readiness:
     unit: sglang.service
     expected_args:
       tp_size: 8
@@ -103,7 +103,7 @@ EXAMPLES = r"""
   register: __sglang_service_readiness
 
 - name: Follow a log file instead of the journal (no unit watched)
-  sglang_readiness:
+  moefleet.serving.sglang_readiness:
     log_path: /var/log/sglang/server.log
     url: http://127.0.0.1:30000
     api_key: "{{ sglang_service_api_key }}"
@@ -116,7 +116,7 @@ EXAMPLES = r"""
         name: sglang.service
         state: restarted
     - name: Wait for readiness
-      sglang_readiness:
+      moefleet.serving.sglang_readiness:
         unit: sglang.service
   rescue:
     - name: Record why the start failed
@@ -202,7 +202,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_log import LogFollower
+from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import LogFollower
 
 EXCERPT_LINES = 40
 READ_TICK = 0.1  # seconds one select() waits: the bound on how late a deciding line is seen

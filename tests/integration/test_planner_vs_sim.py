@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from moefleet.logic.planner import plan
+from ansible_collections.moefleet.serving.plugins.module_utils.planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # as a script too (pytest puts tests/ there already)

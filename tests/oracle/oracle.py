@@ -73,17 +73,14 @@ def rendered_args(flags: dict, service: dict) -> list[str]:
     head = {"model_path": service["sglang_service_model_path"],
             "served_model_name": service["sglang_service_served_model_name"],
             "host": service["sglang_service_host"], "port": service["sglang_service_port"]}
-    return product_filters()["moefleet_profile_args"]({"flags": {**head, **flags}})
+    return product_filters()["profile_args"]({"flags": {**head, **flags}})
 
 
 def product_filters() -> dict:
-    """plugins/filter/moefleet.py's filters, loaded from the file as Ansible loads it."""
-    import importlib.util
+    """The collection's filters (plugins/filter/moefleet.py), by the names Ansible registers them under."""
+    from ansible_collections.moefleet.serving.plugins.filter.moefleet import FilterModule
 
-    spec = importlib.util.spec_from_file_location("moefleet_filter_plugin", ROOT / "plugins" / "filter" / "moefleet.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    return FilterModule().filters()
 
 
 def role_defaults(role: str) -> dict:

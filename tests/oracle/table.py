@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import oracle  # noqa: E402
-from moefleet.logic import planner  # noqa: E402
+from ansible_collections.moefleet.serving.plugins.module_utils import planner  # noqa: E402
 
 
 def main() -> None:

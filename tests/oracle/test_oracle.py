@@ -6,7 +6,7 @@ import functools
 
 import oracle
 import pytest
-from moefleet.logic import planner, rollback
+from ansible_collections.moefleet.serving.plugins.module_utils import planner, rollback
 
 PROFILES = oracle.catalog()["profiles"]
 TOLERANCE = 0.002

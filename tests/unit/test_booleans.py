@@ -17,7 +17,7 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
-from moefleet.logic import profiles
+from ansible_collections.moefleet.serving.plugins.module_utils import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())[0]["vars"]

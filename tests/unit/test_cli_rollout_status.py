@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moefleet import cli, runner
+from moefleet import cli, collection, runner
 from moefleet.commands import rollout, status
 
 
@@ -314,10 +314,10 @@ def test_run_playbook_passes_what_ansible_runner_needs(monkeypatch, inventory):
     result = runner.run_playbook("status.yml", inventory, {"a": 1}, on_event=got.append)
     assert result == runner.RunResult(status="successful", rc=0, stats={"ok": {}})
     assert got == [{"event": "playbook_on_start"}]
-    assert seen["project_dir"] == str(runner.REPO_ROOT)
-    assert seen["playbook"] == str(runner.REPO_ROOT / "playbooks" / "status.yml")
+    assert seen["project_dir"] == str(collection.ROOT)
+    assert seen["playbook"] == str(collection.ROOT / "playbooks" / "status.yml")
     assert seen["inventory"] == str(inventory.resolve())
     assert seen["extravars"] == {"a": 1}
-    assert seen["envvars"]["ANSIBLE_CONFIG"] == str(runner.REPO_ROOT / "ansible.cfg")
-    assert seen["envvars"]["ANSIBLE_CALLBACKS_ENABLED"] == "moefleet_report"
+    assert seen["envvars"]["ANSIBLE_CONFIG"] == str(collection.ROOT / "ansible.cfg")
+    assert seen["envvars"]["ANSIBLE_CALLBACKS_ENABLED"] == "moefleet.serving.moefleet_report"
     assert not Path(seen["private_data_dir"]).exists()  # a fresh one per run, removed afterwards

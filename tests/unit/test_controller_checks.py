@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from moefleet.logic import profiles
-from moefleet.logic.profiles import ProfileError
+from ansible_collections.moefleet.serving.plugins.module_utils import profiles
+from ansible_collections.moefleet.serving.plugins.module_utils.profiles import ProfileError
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG_TEXT = (ROOT / "profiles" / "catalog.yml").read_text()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from moefleet.logic.gpu_facts import GpuFactsError, parse_gpu_csv, summarize
+from ansible_collections.moefleet.serving.plugins.module_utils.gpu_facts import GpuFactsError, parse_gpu_csv, summarize
 
 EIGHT = "".join(
     f"{i}, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, {3 if i else 512}, 580.95.05, 12.0\n"

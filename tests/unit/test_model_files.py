@@ -1,10 +1,10 @@
 """model_files: the revision hf recorded, the bytes still to fetch, and the free-disk sentence."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "module_utils"))
-from model_files import bytes_to_download, disk_problem, local_revision  # noqa: E402
+from ansible_collections.moefleet.serving.plugins.module_utils.model_files import (
+    bytes_to_download,
+    disk_problem,
+    local_revision,
+)
 
 
 def test_local_revision_needs_one_commit_for_every_file():

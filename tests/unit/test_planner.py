@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from moefleet.logic import planner
-from moefleet.logic.planner import GIB, Layout, plan
+from ansible_collections.moefleet.serving.plugins.module_utils import planner
+from ansible_collections.moefleet.serving.plugins.module_utils.planner import GIB, Layout, plan
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "model-configs"
 K26 = json.loads((DATA / "kimi-k2.6-config.json").read_text())

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from moefleet.logic import planner, profiles
-from moefleet.logic.profiles import ProfileError
+from ansible_collections.moefleet.serving.plugins.module_utils import planner, profiles
+from ansible_collections.moefleet.serving.plugins.module_utils.profiles import ProfileError
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())

@@ -77,11 +77,13 @@ class Play:
 
 
 class Role:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    """Like ansible-core's Role: get_name() is moefleet.serving.<role> when the role runs from the collection."""
 
-    def get_name(self) -> str:
-        return self.name
+    def __init__(self, name: str) -> None:
+        self.collection, _, self.name = name.rpartition(".")
+
+    def get_name(self, include_role_fqcn: bool = True) -> str:
+        return f"{self.collection}.{self.name}" if include_role_fqcn and self.collection else self.name
 
 
 _uuid = iter(range(1, 10_000))
@@ -340,21 +342,23 @@ def test_stop_request_writes_the_report_and_ends_before_the_next_task(tmp_path):
     assert read(base)["stopped_by"]
 
 
-def test_stop_request_waits_for_a_started_hosts_rollback_and_restore(tmp_path):
+# The role from the clone's roles/ (sglang_service) or from the installed collection (moefleet.serving.sglang_service).
+@pytest.mark.parametrize("role", ["sglang_service", "moefleet.serving.sglang_service"])
+def test_stop_request_waits_for_a_started_hosts_rollback_and_restore(tmp_path, role):
     base = tmp_path / "r8"
     stop = tmp_path / "stop"
     run = Run(extra={"moefleet_report_path": str(base)}, stop_file=stop)
     run.validate_and_confirm({"lab-2": "tp8"})
     tasks = "/repo/roles/sglang_service/tasks/"
-    run.cb.v2_playbook_on_task_start(Task("Check the unit's inputs", "sglang_service", path=tasks + "inputs.yml:3"),
+    run.cb.v2_playbook_on_task_start(Task("Check the unit's inputs", role, path=tasks + "inputs.yml:3"),
                                      False)
-    run.cb.v2_playbook_on_task_start(Task("Ensure SGLang runs", "sglang_service", path=tasks + "start.yml:20"), False)
+    run.cb.v2_playbook_on_task_start(Task("Ensure SGLang runs", role, path=tasks + "start.yml:20"), False)
     stop.touch()  # the first Ctrl-C, while the start is checked
     for name, file in (("Roll back to a safer profile", "start.yml:21"),
                        ("Ensure SGLang runs the attempt's unit", "attempt.yml:104"),
                        ("Restore and start the last unit that served", "restore.yml:28"),
                        ("Write the moefleet local facts", "record.yml:70")):
-        run.cb.v2_playbook_on_task_start(Task(name, "sglang_service", path=tasks + file), False)
+        run.cb.v2_playbook_on_task_start(Task(name, role, path=tasks + file), False)
     assert not base.with_suffix(".json").exists()
     with pytest.raises(KeyboardInterrupt):
         run.cb.v2_playbook_on_task_start(Task("Check that every host done so far still serves"), False)

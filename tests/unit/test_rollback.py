@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from moefleet.logic.profiles import fallback_ladder
-from moefleet.logic.rollback import (
+from ansible_collections.moefleet.serving.plugins.module_utils.profiles import fallback_ladder
+from ansible_collections.moefleet.serving.plugins.module_utils.rollback import (
     CUDA_GRAPH_BS_START,
     MAX_RUNNING_START,
     SHM_NCCL_SET,

@@ -7,7 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
-from moefleet.logic.sglang_log import LogFollower, advice_for, classify, parse_oom_message, split_line
+from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import (
+    LogFollower,
+    advice_for,
+    classify,
+    parse_oom_message,
+    split_line,
+)
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "sglang-logs"
 

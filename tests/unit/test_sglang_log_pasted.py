@@ -11,7 +11,12 @@ import json
 from pathlib import Path
 
 import pytest
-from moefleet.logic.sglang_log import LogFollower, classify, is_log, newest_first
+from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import (
+    LogFollower,
+    classify,
+    is_log,
+    newest_first,
+)
 
 from moefleet.cli import main
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import csv
 import re
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
+from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import classify
 
-from plugins.module_utils.sglang_log import classify  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 PREFIX_OF_STATE = {"oom": "oom_", "crashed": "crash_", "hung": "hang", "ready": "ready", "starting": "starting"}
 

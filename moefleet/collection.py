@@ -1,0 +1,39 @@
+"""Where the collection moefleet.serving lies, whose catalog, schema and playbooks the CLI uses.
+
+The CLI imports the collection's logic as ``ansible_collections.moefleet.serving.plugins.module_utils.<name>``,
+as the collection's modules and filters do, and finds the collection's root from that import, never from the
+working directory. In a clone, `make setup` puts ``.ansible/collections`` (where a link names the clone
+moefleet.serving) on the venv's Python path; an installed collection is found on Python's path or, failing
+that, where ansible-playbook finds collections (ansible.cfg's collections_path, ANSIBLE_COLLECTIONS_PATH,
+~/.ansible/collections).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _module_utils_dir() -> Path:
+    try:
+        import ansible_collections.moefleet.serving.plugins.module_utils as module_utils
+    except ModuleNotFoundError:
+        from ansible.plugins.loader import init_plugin_loader
+
+        init_plugin_loader()  # Ansible's collection finder, over the collections paths it is configured with
+        try:
+            import ansible_collections.moefleet.serving.plugins.module_utils as module_utils
+        except ModuleNotFoundError:
+            raise SystemExit(
+                "moefleet: the collection moefleet.serving is not installed: run `make setup` in the clone, or "
+                "`ansible-galaxy collection install` its tarball into a collections path Ansible uses."
+            ) from None
+    return Path(module_utils.__file__).resolve().parent
+
+
+ROOT = _module_utils_dir().parents[1]
+PLAYBOOKS = ROOT / "playbooks"
+CATALOG = ROOT / "profiles" / "catalog.yml"
+SCHEMA = ROOT / "schemas" / "profile_catalog.schema.json"
+# A clone's own settings (the lab as default inventory, collections_path); an installed collection ships none
+# and runs under the operator's.
+ANSIBLE_CFG = ROOT / "ansible.cfg" if (ROOT / "ansible.cfg").is_file() else None

@@ -1,0 +1,87 @@
+"""The collection as operators get it: `ansible-galaxy collection build` makes the tarball, installed into an
+empty collections path it runs with nothing of the clone around (no ansible.cfg of the repository, the working
+directory outside it, an inventory of its own, the clone's collections path hidden from Ansible)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+INVENTORY = """\
+blackwell:
+  hosts:
+    gpu-node-01:
+      ansible_host: 192.0.2.10
+      sglang_profile: tp2ep4
+      sglang_model_source: prestaged
+"""
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The tarball built from this clone, installed into an empty collections path; the environment to use it."""
+    tmp = tmp_path_factory.mktemp("collection")
+    collections = tmp / "collections"
+    config = tmp / "ansible.cfg"
+    config.write_text("[defaults]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update({
+        "ANSIBLE_CONFIG": str(config),
+        "ANSIBLE_HOME": str(tmp / "home"),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
+        # The venv's Python path names the clone's .ansible/collections (make setup): keep Ansible off it.
+        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false",
+    })
+    run([str(BIN / "ansible-galaxy"), "collection", "build", str(ROOT), "--output-path", str(tmp / "dist")], tmp, env)
+    [tarball] = (tmp / "dist").glob("moefleet-serving-*.tar.gz")
+    run([str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "-p", str(collections), str(tarball)],
+        tmp, env)
+    (tmp / "hosts.yml").write_text(INVENTORY)
+    return tmp, env
+
+
+def test_the_tarball_ships_the_collection_and_not_the_clones_tooling(installed):
+    tmp, _ = installed
+    root = tmp / "collections" / "ansible_collections" / "moefleet" / "serving"
+    for shipped in ["plugins/modules/sglang_readiness.py", "plugins/module_utils/planner.py", "roles/sglang_service",
+                    "playbooks/deploy.yml", "profiles/catalog.yml", "schemas/profile_catalog.schema.json",
+                    "meta/runtime.yml", "inventory/example/hosts.yml"]:
+        assert (root / shipped).exists(), shipped
+    for kept_out in ["tests", "sim", "molecule", ".venv", ".lab", ".ansible", "inventory/sim", "ansible.cfg"]:
+        assert not (root / kept_out).exists(), kept_out
+
+
+def test_the_installed_deploy_playbook_passes_its_syntax_check(installed):
+    tmp, env = installed
+    out = run([str(BIN / "ansible-playbook"), "moefleet.serving.deploy", "--syntax-check", "-i", "hosts.yml",
+               "-e", "profile=tp2ep4"], tmp, env)
+    assert "moefleet.serving.deploy" in out or "playbook:" in out
+
+
+def test_the_installed_validate_playbook_runs_the_collections_module(installed):
+    """moefleet.serving.moefleet_profile runs on the controller with its module_utils from the installed copy."""
+    tmp, env = installed
+    out = run([str(BIN / "ansible-playbook"), "moefleet.serving.validate", "-i", "hosts.yml", "-e", "profile=tp2ep4"],
+              tmp, env)
+    assert "localhost                  : ok=3" in out and "failed=0" in out
+
+
+def test_ansible_doc_shows_the_installed_readiness_module(installed):
+    tmp, env = installed
+    out = run([str(BIN / "ansible-doc"), "moefleet.serving.sglang_readiness"], tmp, env)
+    assert "moefleet.serving.sglang_readiness" in out
+    assert str(tmp / "collections") in out  # the installed copy, not the clone
+    assert "expected_args" in out
