@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import random
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import throughput as T
+from .clock import WALL_PER_SIM, Clock
 from .logs import emit
 
 WORDS = ["the", "model", "answers", "with", "simulated", "tokens", "from", "the", "lab", "while", "the", "real",
          "hardware", "is", "elsewhere", "and", "every", "number", "reported", "here", "follows", "the",
          "documented", "throughput", "model", "of", "the", "simulator"]
 VERSION = "0.5.10"
+# Wall seconds between two streamed chunks of one request, per request running. SGLang streams every token
+# (--stream-interval 1); at the lab's time scales a token lasts microseconds of wall time, so the simulator sends
+# the tokens decoded since the last chunk at most this often, and less often the more requests run, so that the
+# whole server sends about 500 chunks a second (bench_serving spreads a chunk's gap over its tokens, and the
+# simulated decode speed is smooth, so TPOT and ITL stay right).
+STREAM_WALL_INTERVAL = 0.002
+# Decoding runs on the server's clock, at SGLANG_SIM_TIME_SCALE; SGLANG_SIM_SERVE_TIME_SCALE, when set, runs
+# requests at a scale of their own, so a benchmark can be timed precisely (a millisecond of HTTP overhead is
+# 0.06 simulated seconds at 1.0 but 1.2 at 0.05) while start-up stays fast.
+SERVE_TIME_SCALE_ENV = "SGLANG_SIM_SERVE_TIME_SCALE"
+# Response header naming the time scale requests decode at, so the simulated bench_serving reports simulated
+# seconds on the server's scale whatever its own environment says (real clients ignore it).
+TIME_SCALE_HEADER = "x-sglang-sim-time-scale"
 
 
 class State:
@@ -24,6 +41,7 @@ class State:
         self.plan = plan
         self.cfg = cfg
         self.clock = clock
+        self.serve_clock = serve_clock()
         self.prefix_tp0 = prefix_tp0
         self.ready = False
         self.lock = threading.Lock()
@@ -41,22 +59,34 @@ class State:
         self.runtime_oom = None
 
 
+def serve_clock() -> Clock:
+    """The clock requests decode on: the server's time scale, or SGLANG_SIM_SERVE_TIME_SCALE when set."""
+    clock = Clock()
+    with contextlib.suppress(KeyError, ValueError):
+        clock.factor = WALL_PER_SIM * float(os.environ[SERVE_TIME_SCALE_ENV])
+    return clock
+
+
 def count_tokens(text: str) -> int:
     return max(1, (len(text) + 3) // 4)
 
 
-def completion_words(seed: str, max_tokens: int | None) -> tuple[list[str], str]:
+def completion_words(seed: str, max_tokens: int | None, ignore_eos: bool = False) -> tuple[list[str], str]:
+    """The completion's words (one token each) and finish reason; ignore_eos decodes all max_tokens."""
     h = int(hashlib.sha256(seed.encode()).hexdigest(), 16)
     natural = 12 + h % 29
+    if ignore_eos and max_tokens is not None:
+        natural = max_tokens + 1
     n = natural if max_tokens is None else min(natural, max_tokens)
-    words = [WORDS[int(hashlib.sha256(f"{seed}|{i}".encode()).hexdigest()[:8], 16) % len(WORDS)]
-             for i in range(n)]
+    pick = random.Random(h)  # one seeded generator: a 512-token completion costs microseconds, not milliseconds
+    words = [WORDS[pick.randrange(len(WORDS))] for _ in range(n)]
     return words, ("length" if max_tokens is not None and natural > max_tokens else "stop")
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
+    disable_nagle_algorithm = True  # TCP_NODELAY, as asyncio (uvicorn) sets it: no streamed chunk waits for an ACK
     sys_version = ""
     state: State = None  # set by make_server
 
@@ -74,6 +104,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("content-type", ctype)
         self.send_header("content-length", str(len(data)))
+        self.send_header(TIME_SCALE_HEADER, repr(self.state.serve_clock.factor / WALL_PER_SIM))
         self.end_headers()
         self.wfile.write(data)
         self._access(code)
@@ -150,10 +181,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"detail": "Not Found"})
 
     # ----------------------------------------------------------------------------------------
-    def _run(self, prompt: str, max_tokens: int | None, stream_cb=None):
-        """Decode following the throughput model; sleep scaled simulated time. Returns stats."""
+    def _run(self, prompt: str, max_tokens: int | None, stream_cb=None, ignore_eos: bool = False):
+        """Prefill, then decode following the throughput model at the speed the requests running now share,
+        sleeping the scaled simulated time to absolute deadlines (a late wake-up is not carried forward).
+        stream_cb(done, new_words) is called once the first token is out and then about every
+        STREAM_WALL_INTERVAL x (requests running) of wall time.
+        Returns (words, finish, prompt tokens, e2e sim seconds, speed)."""
         st = self.state
-        words, finish = completion_words(prompt, max_tokens)
+        words, finish = completion_words(prompt, max_tokens, ignore_eos)
         ptoks = count_tokens(prompt)
         with st.lock:
             st.running += 1
@@ -164,29 +199,40 @@ class Handler(BaseHTTPRequestHandler):
             st.runtime_oom()
             while True:
                 time.sleep(3600)
+        clock = st.serve_clock
+        speed = T.per_request(b, st.s1, st.agg)
         try:
-            speed = T.per_request(b, st.s1, st.agg)
-            ttft = ptoks / (5 * st.agg) + 1.0 / speed
-            st.clock.sleep_sim(ttft)
-            for i, w in enumerate(words):
-                if i:
-                    st.clock.sleep_sim(1.0 / speed)
+            start = clock.sim_now()
+            t = start + ptoks / (5 * st.agg) + 1.0 / speed
+            _sleep_to(clock, t)
+            done = min(1, len(words))
+            if stream_cb and done:
+                stream_cb(done, words[:done])
+            while done < len(words):
+                running = st.running
+                speed = T.per_request(running, st.s1, st.agg)
+                left = len(words) - done
+                k = min(left, max(1, int(STREAM_WALL_INTERVAL * running / clock.factor * speed))) \
+                    if clock.factor > 0 else left
+                t += k / speed
+                _sleep_to(clock, t)
+                done += k
                 if stream_cb:
-                    stream_cb(i, (" " if i else "") + w)
+                    stream_cb(done, words[done - k:done])
         finally:
             with st.lock:
                 st.running -= 1
                 st.prompt_tokens_total += ptoks
                 st.generation_tokens_total += len(words)
                 st.last_gen_throughput = T.aggregate(b, st.s1, st.agg)
-        e2e = ttft + (len(words) - 1) / speed
-        return words, finish, ptoks, e2e, speed
+        return words, finish, ptoks, t - start, speed
 
     def _sse_start(self):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
         self.send_header("transfer-encoding", "chunked")
+        self.send_header(TIME_SCALE_HEADER, repr(self.state.serve_clock.factor / WALL_PER_SIM))
         self.end_headers()
 
     def _chunk(self, data: str) -> None:
@@ -206,22 +252,23 @@ class Handler(BaseHTTPRequestHandler):
             text = text[0] if text else ""
         sp = body.get("sampling_params") or {}
         max_new = sp.get("max_new_tokens", 128)
+        ignore_eos = bool(sp.get("ignore_eos"))
         rid = uuid.uuid4().hex
         if body.get("stream"):
             self._sse_start()
             acc = []
 
-            def cb(i, piece):
-                acc.append(piece)
-                self._chunk("data: " + json.dumps({"text": "".join(acc), "meta_info": {
+            def cb(done, new_words):
+                acc.extend(new_words)
+                self._chunk("data: " + json.dumps({"text": " ".join(acc), "meta_info": {
                     "id": rid, "finish_reason": None, "prompt_tokens": count_tokens(text),
-                    "completion_tokens": i + 1}}) + "\n\n")
-            words, finish, ptoks, e2e, _ = self._run(text, max_new, cb)
+                    "completion_tokens": done}}) + "\n\n")
+            words, finish, ptoks, e2e, _ = self._run(text, max_new, cb, ignore_eos)
             self._chunk("data: " + json.dumps({"text": " ".join(words), "meta_info": self._meta(
                 rid, finish, ptoks, len(words), e2e, max_new)}) + "\n\n")
             self._sse_end()
             return
-        words, finish, ptoks, e2e, _ = self._run(text, max_new)
+        words, finish, ptoks, e2e, _ = self._run(text, max_new, ignore_eos=ignore_eos)
         self._send(200, {"text": " ".join(words), "output_ids": list(range(len(words))),
                          "meta_info": self._meta(rid, finish, ptoks, len(words), e2e, max_new)})
 
@@ -248,7 +295,8 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {"role": "assistant",
                                                                                  "content": ""}, None)) + "\n\n")
 
-            def cb(i, piece):
+            def cb(done, new_words):
+                piece = ("" if done == len(new_words) else " ") + " ".join(new_words)
                 self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {"content": piece}, None))
                             + "\n\n")
             words, finish, ptoks, _, _ = self._run(prompt, max_tokens, cb)
@@ -286,6 +334,13 @@ class Handler(BaseHTTPRequestHandler):
             "choices": [{"index": 0, "text": " ".join(words), "logprobs": None, "finish_reason": finish}],
             "usage": _usage(ptoks, len(words)),
         })
+
+
+def _sleep_to(clock, sim_t: float) -> None:
+    """Sleep until simulated time sim_t (the shared clock's logical time, used by log lines, is left alone)."""
+    delay = (sim_t - clock.sim_now()) * clock.factor
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _content_text(content) -> str:
@@ -353,6 +408,7 @@ def metrics(st: State) -> str:
 def make_server(host: str, port: int, state: State) -> ThreadingHTTPServer:
     handler = type("SimHandler", (Handler,), {"state": state})
     ThreadingHTTPServer.allow_reuse_address = True
+    ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's --backlog: a benchmark connects hundreds at once
     srv = ThreadingHTTPServer((host, port), handler)
     srv.daemon_threads = True
     return srv
