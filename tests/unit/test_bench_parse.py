@@ -41,7 +41,7 @@ EXPECTED = {
           "output_throughput": 1915.40, "total_throughput": 4081.34, "mean_e2e_latency_ms": 80126.93,
           "median_e2e_latency_ms": 81160.44, "mean_ttft_ms": 44294.80}, {}),
     ],
-    "04-v0.4.4-pr4973.txt": [
+    "04-pr4973.txt": [
         ({"backend": "sglang", "request_rate": "inf", "successful_requests": 10, "duration_s": 1.76,
           "total_input_tokens": 1997, "total_generated_tokens": 2798, "total_generated_tokens_retokenized": 2798,
           "request_throughput": 5.69, "input_throughput": 1136.26, "output_throughput": 1592.01,
@@ -49,7 +49,7 @@ EXPECTED = {
           "median_e2e_latency_ms": 1060.53, "mean_ttft_ms": 62.46, "median_ttft_ms": 63.38, "p99_ttft_ms": 69.76,
           "mean_tpot_ms": 3.29}, {}),
     ],
-    "05-v0.4.9-issue8285.txt": [
+    "05-issue8285.txt": [
         ({"backend": "sglang", "request_rate": 330.0, "max_concurrency": 330, "successful_requests": 660,
           "duration_s": 55.42, "total_input_tokens": 675840, "total_generated_tokens": 675840,
           "total_generated_tokens_retokenized": 675679, "request_throughput": 11.91, "input_throughput": 12195.89,
@@ -74,7 +74,7 @@ EXPECTED = {
           "concurrency": 507.40, "mean_e2e_latency_ms": 53069.90, "median_e2e_latency_ms": 53704.35,
           "mean_ttft_ms": 53069.87, "median_ttft_ms": 53704.31, "p99_ttft_ms": 78548.58, "mean_itl_ms": 0.0}, {}),
     ],
-    "08-v0.5-pr14194-trimmed.txt": [
+    "08-pr14194-trimmed.txt": [
         ({"backend": "sglang", "request_rate": 1000000.0, "max_concurrency": 48, "successful_requests": 480,
           "duration_s": 838.86, "total_input_tokens": 1920000, "total_input_text_tokens": 1920000,
           "total_generated_tokens": 720000, "total_generated_tokens_retokenized": 658869,
@@ -94,7 +94,7 @@ EXPECTED = {
           "p99_e2e_latency_ms": 59795.16, "mean_ttft_ms": 756.09, "median_ttft_ms": 607.40},
          {"P95 E2E Latency (ms)": 57295.94}),
     ],
-    "10-v0.5-issue12389.jsonl": [
+    "10-issue12389.jsonl": [
         ({"backend": "sglang", "request_rate": "inf", "max_concurrency": 16, "successful_requests": 300,
           "duration_s": 91.82476212800248, "total_input_tokens": 75000000, "total_input_text_tokens": 75000000,
           "total_input_vision_tokens": 0, "total_generated_tokens": 300000, "total_generated_tokens_retokenized": 0,
@@ -145,7 +145,7 @@ def test_crlf_and_markdown_quoting_read_the_same(name):
 
 
 def test_padding_trimmed_and_a_progress_bar_and_command_above():
-    text = (DATA / "05-v0.4.9-issue8285.txt").read_text()
+    text = (DATA / "05-issue8285.txt").read_text()
     trimmed = "\n".join(" ".join(line.split()) for line in text.splitlines())
     bar = ("python3 -m sglang.bench_serving --backend sglang --max-concurrency 330 --request-rate 330\n"
            "  0%|          | 0/660 [00:00<?, ?it/s]\r 50%|█████     | 330/660 [00:27<00:27, 12.0it/s]\r"
@@ -166,7 +166,7 @@ def test_rows_cut_out_by_the_author_leave_the_others():
 
 
 def test_a_block_cut_mid_way_keeps_the_rows_before_the_cut():
-    text = (DATA / "08-v0.5-pr14194-trimmed.txt").read_text()
+    text = (DATA / "08-pr14194-trimmed.txt").read_text()
     cut = text[:text.index("Total token throughput")] + "Total token thr"
     (result,) = parse_text(cut)
     assert result["peak_concurrent_requests"] == 96 and result["output_throughput"] == 858.31
@@ -175,8 +175,8 @@ def test_a_block_cut_mid_way_keeps_the_rows_before_the_cut():
 
 
 def test_two_blocks_and_a_json_line_in_one_paste_are_three_results():
-    text = "\n".join((DATA / n).read_text() for n in ("05-v0.4.9-issue8285.txt", "09-pr33108-newest.txt",
-                                                       "10-v0.5-issue12389.jsonl"))
+    text = "\n".join((DATA / n).read_text() for n in ("05-issue8285.txt", "09-pr33108-newest.txt",
+                                                       "10-issue12389.jsonl"))
     results = parse_text(text)
     assert [r["kind"] for r in results] == ["block", "block", "jsonl"]
     assert [r["max_concurrency"] for r in results] == [330, 4, 16]
@@ -199,7 +199,7 @@ def test_cli_json_lists_one_object_per_result(capsys):
 
 
 def test_cli_table(capsys):
-    code, out, _ = _cli(capsys, DATA / "05-v0.4.9-issue8285.txt")
+    code, out, _ = _cli(capsys, DATA / "05-issue8285.txt")
     assert code == 0
     head, rule, row = out.splitlines()
     assert head.split()[:4] == ["source", "backend", "conc", "reqs"]
@@ -208,7 +208,7 @@ def test_cli_table(capsys):
 
 def test_a_file_without_a_result_exits_2_naming_it(capsys):
     path = DATA / "11-pr9812-no-values.txt"
-    code, out, err = _cli(capsys, path, DATA / "04-v0.4.4-pr4973.txt")
+    code, out, err = _cli(capsys, path, DATA / "04-pr4973.txt")
     assert code == 2
     assert err.strip() == (
         f"moefleet bench parse: {path}: no SGLang benchmark result in it; expected the block `python -m "
