@@ -1,7 +1,7 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
-.fallback_ladder, .opening_attempt, .next_step, .rollback_summary, .history, .attempt; and for the
-controller checks moefleet.serving.host_inputs and .origins."""
+.fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; and
+for the controller checks moefleet.serving.host_inputs and .origins."""
 
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None):
         return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib)
     except rollback.RollbackError as exc:
         raise AnsibleFilterError(f"moefleet.serving.next_step: {exc}") from None
+
+
+def max_remedies(ladder):
+    """How many remedies the rollback may start after the first start on ``ladder`` (its loop's bound)."""
+    return rollback.max_remedies(ladder)
 
 
 def rollback_summary(attempts, requested, restored=None):
@@ -125,6 +130,7 @@ class FilterModule:
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,
             "next_step": next_step,
+            "max_remedies": max_remedies,
             "rollback_summary": rollback_summary,
             "history": history,
             "attempt": attempt,

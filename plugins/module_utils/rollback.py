@@ -34,6 +34,10 @@ CUDA_GRAPH_BS_START = 64
 MAX_RUNNING_START = 128
 
 
+# The remedies that retry the same layout, each at most once per layout (next_step).
+RETUNES = ("retune_kv", "retune_cuda_graph", "retune_runtime", "nccl_shm")
+
+
 class RollbackError(ValueError):
     """Inputs the rollback logic cannot use; the message is a sentence."""
 
@@ -104,6 +108,13 @@ def _halved(current: Mapping[str, Any], flags: Mapping[str, Any], flag: str, sta
     tuning = {**(current.get("tuning") or {}), flag: smaller}
     return {"action": "start", "attempt": {**current, "tuning": tuning, "remedy": remedy},
             "reason": f"{why}; retrying it once with --{flag.replace('_', '-')} {smaller}."}
+
+
+def max_remedies(ladder: Sequence[str]) -> int:
+    """The most starts next_step can ask for after the first start: each rung of the ladder once, and each of
+    RETUNES once on each rung. The loop that runs the remedies (roles/sglang_service/tasks/rollback.yml) has
+    this many passes; next_step answers "restore" before it runs out."""
+    return len(ladder) * (1 + len(RETUNES)) - 1
 
 
 def next_step(

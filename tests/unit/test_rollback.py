@@ -6,6 +6,7 @@ uses, so a change of the shipped ladders shows up here too.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from ansible_collections.moefleet.serving.plugins.module_utils.rollback import (
     attempt_only,
     first_attempt,
     history_entries,
+    max_remedies,
     next_step,
     opening_attempt,
     summarize,
@@ -450,3 +452,37 @@ def test_opening_attempt_starts_over_when_anything_differs(change, retry):
 def test_opening_attempt_on_a_new_host():
     assert opening_attempt({}, "ep8", "f1", "pcie_p2p", CATALOG) == {"attempt": start("ep8"), "kept": False}
     assert opening_attempt(None, "ep8", "f1", "pcie_p2p", CATALOG)["kept"] is False
+
+
+def _remedies_until_done(ladder: list[str], choose) -> int:
+    """Starts next_step asks for after a first start of ladder[0], each start failing as choose(step) says."""
+    attempts = [{**first_attempt(ladder[0], CATALOG["profiles"][ladder[0]]["nccl"]), "outcome": choose(0)}]
+    starts = 0
+    while True:
+        current = attempts[-1]
+        flags = {**CATALOG["profiles"][current["profile"]]["flags"], **(current.get("tuning") or {})}
+        step = next_step(ladder, attempts, CATALOG, flags, SMI_MIB)
+        if step["action"] != "start":
+            return starts
+        starts += 1
+        assert starts <= 100, "next_step never ends"
+        attempts.append({**step["attempt"], "outcome": choose(starts)})
+
+
+FAILURES = [OOM_KV, OOM_GRAPH, OOM_RUNTIME, HUNG, OOM_WEIGHTS]
+
+
+@pytest.mark.parametrize("profile", sorted(CATALOG["profiles"]))
+def test_no_failure_sequence_needs_more_remedies_than_the_loop_bound(profile):
+    ladder = fallback_ladder(CATALOG, profile)
+    rng = random.Random(profile)
+    assert _remedies_until_done(ladder, lambda n: FAILURES[n % len(FAILURES)]) <= max_remedies(ladder)
+    for _ in range(200):
+        assert _remedies_until_done(ladder, lambda _n: rng.choice(FAILURES)) <= max_remedies(ladder)
+
+
+def test_each_retune_on_each_rung_reaches_the_loop_bound_exactly():
+    # tp2ep4's ladder, each layout failing in turn the way that uses each retune once, then OOM while loading:
+    # the loop in tasks/rollback.yml must have every one of these passes.
+    ladder = fallback_ladder(CATALOG, "tp2ep4")
+    assert _remedies_until_done(ladder, lambda n: FAILURES[n % len(FAILURES)]) == max_remedies(ladder)
