@@ -130,7 +130,7 @@ class Progress:
     def started(self, host: str, task: str, role: str) -> None:
         if role in INSTALL_ROLES:
             self.change(host, "installing")
-        elif task == LOADING_TASK:
+        elif task == LOADING_TASK and self.states.get(host) != "rolled back":  # a remedy's start stays rolled back
             self.change(host, "loading")
         elif task.startswith(ROLLBACK_TASK_PREFIXES):
             self.change(host, "rolled back")
