@@ -17,9 +17,15 @@ def _module_utils_dir() -> Path:
     try:
         import ansible_collections.moefleet.serving.plugins.module_utils as module_utils
     except ModuleNotFoundError:
+        import sys
+
         from ansible.plugins.loader import init_plugin_loader
 
-        init_plugin_loader()  # Ansible's collection finder, over the collections paths it is configured with
+        # Ansible's collection finder, over the collections paths it is configured with; it takes over the
+        # ansible_collections package, so the plain namespace package the failed import left goes first.
+        for name in [n for n in sys.modules if n == "ansible_collections" or n.startswith("ansible_collections.")]:
+            del sys.modules[name]
+        init_plugin_loader()
         try:
             import ansible_collections.moefleet.serving.plugins.module_utils as module_utils
         except ModuleNotFoundError:

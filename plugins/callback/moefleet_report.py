@@ -6,14 +6,6 @@ this callback collects it from the run's events and writes it when the run ends.
 
 from __future__ import annotations
 
-import json
-import os
-import time
-from datetime import UTC, datetime
-from pathlib import Path
-
-from ansible.plugins.callback import CallbackBase
-
 DOCUMENTATION = r"""
 name: moefleet_report
 type: aggregate
@@ -36,6 +28,14 @@ description:
 requirements:
   - enabled in ansible.cfg (callbacks_enabled = moefleet.serving.moefleet_report)
 """
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ansible.plugins.callback import CallbackBase
 
 # Roles whose tasks mark the play that installs and serves SGLang.
 _SERVE_ROLES = frozenset({"nvidia_driver", "cuda_toolkit", "sglang", "sglang_model", "sglang_service"})

@@ -35,7 +35,7 @@ options:
     description: Seconds to wait for killed processes to go.
     type: int
     default: 15
-author: moefleet
+author: moefleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -43,7 +43,7 @@ options:
     description: Bytes to keep free beyond the download.
     type: int
     default: 0
-author: moefleet
+author: moefleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -59,7 +59,7 @@ options:
     type: list
     elements: str
     default: []
-author: moefleet
+author: moefleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -18,7 +18,7 @@ options:
     description: The nvidia-smi command.
     type: path
     default: nvidia-smi
-author: moefleet
+author: moefleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -25,7 +25,7 @@ description:
   - The unit dying (C(systemctl show) says failed, inactive, auto-restart, or a new invocation) ends the
     wait at once, whatever the exit code says (some SGLang versions exit 0 after a failure).
 version_added: "0.1.0"
-author: moefleet maintainers
+author: moefleet maintainers (!UNKNOWN)
 options:
   unit:
     description:
@@ -199,9 +199,10 @@ import subprocess
 import threading
 import time
 import urllib.error
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import ConnectionError as UrlConnectionError
+from ansible.module_utils.urls import open_url
 from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import LogFollower
 
 EXCERPT_LINES = 40
@@ -346,13 +347,12 @@ class HttpProbe(threading.Thread):
         self._stop.set()
 
     def _get(self, path: str) -> tuple[int, bytes]:
-        request = urllib.request.Request(self._url + path, headers=self._headers)
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
+            with open_url(self._url + path, headers=self._headers, timeout=self._timeout) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as err:
             return err.code, b""
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        except (urllib.error.URLError, UrlConnectionError, OSError, ValueError) as err:
             reason = getattr(err, "reason", err)
             self.last_status = f"{path}: {reason}"
             return 0, b""

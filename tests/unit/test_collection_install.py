@@ -85,3 +85,24 @@ def test_ansible_doc_shows_the_installed_readiness_module(installed):
     assert "moefleet.serving.sglang_readiness" in out
     assert str(tmp / "collections") in out  # the installed copy, not the clone
     assert "expected_args" in out
+
+
+# The CLI without the clone on Python's path (the venv's .pth names it): it finds the installed copy where
+# Ansible finds collections, and reads the catalog and schema from there.
+CLI_OFF_THE_CLONE = """
+import sys
+sys.path = [p for p in sys.path if not p.endswith(".ansible/collections")]
+from moefleet import collection
+print(collection.ROOT)
+from moefleet.cli import main
+sys.exit(main(["plan", "--model-config", sys.argv[1], "--gpus", "8", "--gpu-memory-gib", "94.97", "--profile", "tp8"]))
+"""
+
+
+def test_the_cli_finds_the_catalog_in_the_installed_collection(installed):
+    tmp, env = installed
+    config = ROOT / "sim" / "model" / "kimi_k26_config.json"
+    out = run([sys.executable, "-c", CLI_OFF_THE_CLONE, str(config)], tmp, env)
+    assert out.splitlines()[0] == str(tmp / "collections" / "ansible_collections" / "moefleet" / "serving")
+    assert "tp8" in out and "fits" in out
+
