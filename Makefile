@@ -19,12 +19,12 @@ SETUP_STAMP := $(VENV)/.setup-done
 COLLECTIONS := $(CURDIR)/.ansible/collections
 COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/moefleet/serving
 
-.PHONY: help setup lint test unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
+.PHONY: help setup lint sanity ee-context test unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
 
 help:
 	@echo "make demo       set up, start the simulated lab, deploy profile $(PROFILE) on it"
 	@echo "make test       set up, lint, unit + integration tests, every molecule scenario"
-	@echo "make setup | lint | unit | oracle | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
+	@echo "make setup | lint | sanity | ee-context | unit | oracle | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
 
 setup: $(SETUP_STAMP)
 	@if [ -e $(COLLECTION_LINK) ] && [ ! -L $(COLLECTION_LINK) ]; then rm -rf $(COLLECTION_LINK); fi
@@ -49,6 +49,20 @@ lint: setup
 	  $(BIN)/ansible-playbook --syntax-check -i inventory/example/hosts.yml "$$pb" >/dev/null \
 	  || { echo "syntax-check failed: $$pb" >&2; exit 1; }; done
 	$(BIN)/ruff check .
+	@$(MAKE) --no-print-directory sanity ee-context
+
+# ansible-test sanity on the collection as it ships (tests/sanity/run.py says which tests, and why not the others).
+sanity: setup
+	$(BIN)/python tests/sanity/run.py
+
+# The execution environment's build context (execution-environment.yml) with this collection's tarball in it;
+# building the image needs a container registry, which is not reachable here.
+EE := $(CURDIR)/.ansible/ee
+ee-context: setup
+	@rm -rf $(EE) && mkdir -p $(EE)
+	$(BIN)/ansible-galaxy collection build --output-path $(EE) . >/dev/null
+	@mv $(EE)/moefleet-serving-*.tar.gz $(EE)/moefleet-serving.tar.gz
+	$(BIN)/ansible-builder create -f execution-environment.yml --context $(EE)/context
 
 unit: setup
 	$(BIN)/pytest -q -m "not lab and not oracle" tests
