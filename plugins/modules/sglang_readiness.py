@@ -109,7 +109,7 @@ EXAMPLES = r"""
     api_key: "{{ sglang_service_api_key }}"
     timeout: 600
 
-- name: Start, check, and hand an OOM to the rollback handler
+- name: Restart, then keep the start's outcome whatever it is (a failed start is a result to act on)
   block:
     - name: Restart the server
       ansible.builtin.systemd_service:
@@ -118,11 +118,11 @@ EXAMPLES = r"""
     - name: Wait for readiness
       moefleet.serving.sglang_readiness:
         unit: sglang.service
-  rescue:
-    - name: Record why the start failed
+      register: readiness
+      failed_when: false
+    - name: Keep the outcome
       ansible.builtin.set_fact:
-        __sglang_service_failure: "{{ ansible_failed_result }}"
-      notify: Roll back to safer profile
+        start_outcomes: "{{ start_outcomes | default([]) + [readiness.outcome] }}"
 """
 
 RETURN = r"""
@@ -166,6 +166,14 @@ advice:
   description: One sentence on what to change, following the OOM phase, crash cause or hang phase.
   returned: always
   type: str
+outcome:
+  description: >-
+    The start's outcome as one record, the keys RV(state), RV(phase), RV(cause), RV(oom) and RV(advice) of this
+    result: what the sglang_service role appends to the host's attempts and keeps in its history.
+  returned: always
+  type: dict
+  sample: {"state": "oom", "phase": "kv_cache", "cause": null, "oom": null,
+           "advice": "Raise --mem-fraction-static or pick a layout with fewer weights per GPU."}
 log_excerpt:
   description: The last 40 lines of the log of this start.
   returned: always
@@ -484,6 +492,14 @@ def settle_after_death(source, follower: LogFollower, excerpt: collections.deque
     return final.finish().to_dict()
 
 
+OUTCOME_KEYS = ("state", "phase", "cause", "oom", "advice")
+
+
+def with_outcome(result: dict) -> dict:
+    """The result with the start's outcome as one record (RETURN's outcome), as the role keeps it."""
+    return {**result, "outcome": {key: result.get(key) for key in OUTCOME_KEYS}}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -520,14 +536,15 @@ def main() -> None:
     # Argument errors fail here, before any waiting.
     for name in ("timeout", "hang_timeout", "http_timeout"):
         if params[name] <= 0:
-            module.fail_json(msg=f"{name} must be a positive number of seconds, got {params[name]}.", **result)
+            module.fail_json(msg=f"{name} must be a positive number of seconds, got {params[name]}.",
+                             **with_outcome(result))
     if params["sleep"] <= 0 or params["delay"] < 0:
-        module.fail_json(msg="sleep must be positive and delay zero or more.", **result)
+        module.fail_json(msg="sleep must be positive and delay zero or more.", **with_outcome(result))
     if not params["url"].startswith(("http://", "https://")):
-        module.fail_json(msg=f"url must start with http:// or https://, got {params['url']!r}.", **result)
+        module.fail_json(msg=f"url must start with http:// or https://, got {params['url']!r}.", **with_outcome(result))
     unit = params["unit"] if params["unit"] is not None else (None if params["log_path"] else "sglang.service")
     if unit is not None and not unit.strip():
-        module.fail_json(msg="unit must name a systemd unit, such as sglang.service.", **result)
+        module.fail_json(msg="unit must name a systemd unit, such as sglang.service.", **with_outcome(result))
     systemctl = journalctl = invocation_id = None
     if unit:
         systemctl = module.get_bin_path("systemctl", required=True)
@@ -535,14 +552,14 @@ def main() -> None:
             journalctl = module.get_bin_path("journalctl", required=True)
 
     if module.check_mode:
-        module.exit_json(skipped=True, msg="Check mode: readiness was not waited for.", **result)
+        module.exit_json(skipped=True, msg="Check mode: readiness was not waited for.", **with_outcome(result))
 
     if unit:
         state = _unit_state(module, systemctl, unit)
         invocation_id = state.get("InvocationID", "")
         result["unit_state"] = {k: v for k, v in state.items() if k != "InvocationID"}
         if not invocation_id:
-            module.fail_json(msg=f"{unit} has no current invocation: it has not been started.", **result)
+            module.fail_json(msg=f"{unit} has no current invocation: it has not been started.", **with_outcome(result))
         result["invocation_id"] = invocation_id
 
     if params["delay"]:
@@ -629,10 +646,10 @@ def main() -> None:
             )
             module.fail_json(
                 msg=params["msg"] or f"{unit or 'The server'} serves with other arguments: {differ}.",
-                **result,
+                **with_outcome(result),
             )
-        module.exit_json(msg=f"{unit or 'The server'} is ready after {result['elapsed']} s.", **result)
-    module.fail_json(msg=params["msg"] or _describe(unit, verdict, probe.last_status), **result)
+        module.exit_json(msg=f"{unit or 'The server'} is ready after {result['elapsed']} s.", **with_outcome(result))
+    module.fail_json(msg=params["msg"] or _describe(unit, verdict, probe.last_status), **with_outcome(result))
 
 
 if __name__ == "__main__":

@@ -174,6 +174,9 @@ def test_oom_is_reported_within_a_second_of_its_line(tmp_path, fake_server):
     assert result["line"].startswith("torch.OutOfMemoryError")
     assert 0 < len(result["log_excerpt"]) <= 40
     assert {"elapsed", "cause", "advice", "log_excerpt", "phase"} <= set(result)
+    # the record the role keeps in the host's history, as one value
+    assert result["outcome"] == {"state": "oom", "phase": "weight_load", "cause": None, "oom": result["oom"],
+                                 "advice": result["advice"]}
 
 
 def test_sigquit_first_then_the_traceback(tmp_path, fake_server):
@@ -301,6 +304,7 @@ def test_follows_the_units_current_invocation(tmp_path, fake_server, monkeypatch
     result, ended = finish(proc)
     assert ended - written < 3.0
     assert (result["state"], result["phase"], result["cause"]) == ("crashed", "cuda_graph", "other")
+    assert (result["outcome"]["state"], result["outcome"]["cause"]) == ("crashed", "other")
     assert result["line"].endswith("Received sigquit from a child process. It usually means the child failed.")
     assert result["invocation_id"] == "0123456789abcdef0123456789abcdef"
     args = (tmp_path / "journalctl.args").read_text()
