@@ -1,12 +1,13 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
-.fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; and
-for the controller checks moefleet.serving.host_inputs and .origins."""
+.fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; the
+documents a host keeps and reports, .local_facts and .status_entry; and for the controller checks
+moefleet.serving.host_inputs and .origins."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.moefleet.serving.plugins.module_utils import planner, profiles, rollback
+from ansible_collections.moefleet.serving.plugins.module_utils import host_state, planner, profiles, rollback
 
 
 def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None):
@@ -51,6 +52,17 @@ def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None):
 def max_remedies(ladder):
     """How many remedies the rollback may start after the first start on ``ladder`` (its loop's bound)."""
     return rollback.max_remedies(ladder)
+
+
+def local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now):
+    """The host's local facts after a run (schemas/local_facts.schema.json)."""
+    return host_state.local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now)
+
+
+def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info):
+    """One host's entry of the status document (schemas/status.schema.json)."""
+    code = int(health_code) if health_code not in (None, "") else None
+    return host_state.status_entry(host, bool(reachable), local, runtime, unit_state, code, server_info)
 
 
 def rollback_summary(attempts, requested, restored=None):
@@ -131,6 +143,8 @@ class FilterModule:
             "opening_attempt": opening_attempt,
             "next_step": next_step,
             "max_remedies": max_remedies,
+            "local_facts": local_facts,
+            "status_entry": status_entry,
             "rollback_summary": rollback_summary,
             "history": history,
             "attempt": attempt,

@@ -6,13 +6,18 @@ left the lab.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from moefleet import cli
 
 pytestmark = pytest.mark.lab
 
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+REPORT_SCHEMA = json.loads((SCHEMAS / "rollout_report.schema.json").read_text())
+STATUS_SCHEMA = json.loads((SCHEMAS / "status.schema.json").read_text())
 OOM_ON_EP8 = json.dumps({"sim_faults": [{"fault": "oom_weight_load", "profile": "ep8"}]})
 
 
@@ -25,7 +30,9 @@ def moefleet(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
 
 def status_of(capsys, inventory) -> dict[str, dict]:
     code, out = moefleet(capsys, "status", "-i", str(inventory), "--json")
-    hosts = json.loads(out[out.index("{") : out.rindex("}") + 1])["hosts"]
+    document = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    jsonschema.validate(document, STATUS_SCHEMA)
+    hosts = document["hosts"]
     return {h["host"]: h | {"exit": code} for h in hosts}
 
 
@@ -37,6 +44,7 @@ def test_clean_rollout_serves_tp8_everywhere(lab_inventory, tmp_path, capsys):
         assert f"{host:<16} installing" in out and f"{host:<16} ready: serving tp8" in out
 
     data = json.loads(report.with_suffix(".json").read_text())
+    jsonschema.validate(data, REPORT_SCHEMA)
     assert data["result"] == "complete"
     assert {h["host"]: (h["outcome"], h["serving_profile"]) for h in data["hosts"]} == {
         "itest-1": ("ready", "tp8"),

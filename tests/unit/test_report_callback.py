@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,8 +180,14 @@ def ready(profile: str = "ep8") -> dict:
     return {"asked_profile": profile, "serving_profile": profile, "outcome": "ready", "ooms": 0, "attempts": 1}
 
 
+REPORT_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "rollout_report.schema.json").read_text())
+
+
 def read(base: Path) -> dict:
-    return json.loads(base.with_name(base.name + ".json").read_text())
+    """The report the callback wrote, which every test here also holds to its documented schema."""
+    report = json.loads(base.with_name(base.name + ".json").read_text())
+    jsonschema.validate(report, REPORT_SCHEMA)
+    return report
 
 
 def test_complete_rollout_writes_json_and_markdown_at_the_given_path(tmp_path):

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 from playbook import run_playbook  # noqa: E402
@@ -34,8 +36,14 @@ def faults(*entries: tuple[str, str]) -> str:
     return json.dumps({"sim_faults": [{"fault": f, "profile": p} for f, p in entries]})
 
 
+FACTS_SCHEMA = json.loads((ROOT / "schemas" / "local_facts.schema.json").read_text())
+
+
 def facts(host) -> dict:
-    return json.loads(host.file("/etc/ansible/facts.d/moefleet.fact").content_string)
+    """The host's local facts, held to their documented schema each time a test reads them."""
+    found = json.loads(host.file("/etc/ansible/facts.d/moefleet.fact").content_string)
+    jsonschema.validate(found, FACTS_SCHEMA)
+    return found
 
 
 def serving_args(host) -> dict:

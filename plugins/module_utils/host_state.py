@@ -1,0 +1,88 @@
+"""What a host says about itself: the local facts the sglang_service role writes after each run, and the
+status entry `moefleet status` shows for a host. Both documents have a JSON Schema in schemas/
+(local_facts.schema.json, status.schema.json); the tests validate what these functions build against them.
+Pure Python: the filters (moefleet.serving.local_facts, .status_entry) and the tests call the same code."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ansible_collections.moefleet.serving.plugins.module_utils.rollback import attempt_only, history_entries
+
+HISTORY_KEPT = 50
+SERVER_ARGS = ("tp_size", "ep_size", "pp_size", "dp_size", "enable_dp_attention")
+
+
+def local_facts(
+    previous: Mapping[str, Any] | None,
+    asked_profile: str,
+    asked_fingerprint: str,
+    outcome: Mapping[str, Any],
+    attempt: Mapping[str, Any],
+    attempts: Sequence[Mapping[str, Any]],
+    reason: str,
+    now: str,
+) -> dict[str, Any]:
+    """The host's local facts (ansible_local.moefleet) after a run.
+
+    ``previous`` is what the file held before (or empty); ``outcome`` is rollback.summarize's result;
+    ``attempt`` the attempt that serves now (or was restored); ``attempts`` this run's starts with their
+    outcomes; ``reason`` the rollback's last sentence (kept with the rollback record when this run rolled back).
+    """
+    previous = previous or {}
+    rolled_back = len(attempts) > 1 or outcome.get("outcome") == "restored"
+    last_rollback = ({"time": now, "from": asked_profile, "to": outcome.get("serving_profile"), "reason": reason or ""}
+                     if rolled_back else previous.get("last_rollback"))
+    history = list(previous.get("history") or []) + history_entries(attempts, now)
+    return {
+        "asked_profile": asked_profile,
+        "asked_fingerprint": asked_fingerprint,
+        "serving_profile": outcome.get("serving_profile"),
+        "outcome": outcome.get("outcome"),
+        "ooms": int(outcome.get("ooms") or 0),
+        "attempt": attempt_only(attempt),
+        "updated": now,
+        "last_rollback": last_rollback,
+        "history": history[-HISTORY_KEPT:],
+    }
+
+
+def status_entry(
+    host: str,
+    reachable: bool,
+    local: Mapping[str, Any] | None,
+    runtime: Mapping[str, Any] | None,
+    unit_state: str | None,
+    health_code: int | None,
+    server_info: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """One host's line of the status document (playbooks/status.yml; `moefleet status` prints it).
+
+    ``health`` is ``serving`` (/health answers 200), ``starting`` (503, or the unit is on its way up),
+    ``down`` or ``unreachable``; ``server_args`` the parallelism /server_info reports, null when it did not
+    answer."""
+    local, runtime = (local or {}, runtime or {}) if reachable else ({}, {})
+    unit = unit_state or "unknown"
+    if not reachable:
+        health = "unreachable"
+    elif health_code == 200:
+        health = "serving"
+    elif health_code == 503 or unit in ("activating", "active", "reloading"):
+        health = "starting"
+    else:
+        health = "down"
+    info = server_info or {}
+    return {
+        "host": host,
+        "health": health,
+        "unit": unit,
+        "serving_profile": local.get("serving_profile"),
+        "asked_profile": local.get("asked_profile"),
+        "outcome": local.get("outcome"),
+        "updated": local.get("updated"),
+        "server_args": {arg: info.get(arg) for arg in SERVER_ARGS} if info else None,
+        "last_rollback": local.get("last_rollback"),
+        "runtime_ooms": int(runtime.get("ooms") or 0),
+        "last_runtime_failure": runtime.get("last"),
+    }
