@@ -1,0 +1,189 @@
+"""The benchmark sweep's report (plugins/module_utils/bench_report.py): the recommendation per objective from
+hand-built results, an SLO nothing meets, the CSV and Markdown content, the PNG plots, the JSONL reader and the
+module that writes it all on the controller."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ansible_collections.moefleet.serving.plugins.module_utils import bench_report
+from ansible_collections.moefleet.serving.plugins.module_utils.bench_results import FIELDS
+
+
+def result(concurrency, tok_s, p99_itl, p99_ttft=500.0, **more):
+    return {name: None for name in FIELDS} | {
+        "backend": "sglang", "max_concurrency": concurrency, "output_throughput": tok_s,
+        "total_throughput": tok_s * 3, "median_ttft_ms": p99_ttft / 2, "p99_ttft_ms": p99_ttft,
+        "median_itl_ms": p99_itl / 2, "p99_itl_ms": p99_itl, **more,
+    }
+
+
+# Shaped like the field report (docs/bench.md): ep8 fastest alone, tp2ep4 the best aggregate, pp8 failed.
+PROFILES = [
+    {"profile": "tp8", "status": "ok", "outcome": {"outcome": "ready"},
+     "results": [result(1, 26.0, 40.0), result(64, 700.0, 120.0), result(256, 808.0, 400.0, 9000.0)]},
+    {"profile": "pp8", "status": "failed", "outcome": {"outcome": "failed", "state": "oom", "phase": "weight_load"},
+     "results": []},
+    {"profile": "ep8", "status": "ok", "outcome": {"outcome": "ready"},
+     "results": [result(1, 65.0, 16.0), result(64, 850.0, 80.0), result(256, 960.0, 300.0, 8000.0)]},
+    {"profile": "tp2ep4", "status": "ok", "outcome": {"outcome": "ready"},
+     "results": [result(1, 48.0, 21.0), result(64, 1300.0, 95.0), result(256, 1531.0, 180.0, 12000.0)]},
+]
+
+
+def test_recommendation_per_objective():
+    names, details = bench_report.recommend(PROFILES, slo_p99_itl_ms=100, slo_p99_ttft_ms=10000)
+    assert names == {"single_stream": "ep8", "throughput": "tp2ep4", "slo": "tp2ep4"}
+    assert details["throughput"]["max_concurrency"] == 256 and details["throughput"]["output_throughput"] == 1531.0
+    # Within the SLO only the 64-request levels count: tp2ep4's 1300 tok/s beats ep8's 850.
+    assert (details["slo"]["max_concurrency"], details["slo"]["output_throughput"]) == (64, 1300.0)
+
+
+def test_slo_decides_between_profiles():
+    # A tighter ITL bound leaves ep8's 64-request level (80 ms) and nothing of tp2ep4's above one request.
+    names, details = bench_report.recommend(PROFILES, slo_p99_itl_ms=90)
+    assert names["slo"] == "ep8" and details["slo"]["output_throughput"] == 850.0
+    # A TTFT bound alone: every level but the 256 ones (8000 ms or more) qualifies.
+    names, _ = bench_report.recommend(PROFILES, slo_p99_ttft_ms=7000)
+    assert names["slo"] == "tp2ep4"
+
+
+def test_slo_nothing_meets_is_null_with_the_reason():
+    names, details = bench_report.recommend(PROFILES, slo_p99_itl_ms=5)
+    assert names["slo"] is None
+    assert details["slo"]["reason"] == "no measurement stayed within p99 ITL <= 5 ms"
+    names, details = bench_report.recommend(PROFILES)
+    assert names["slo"] is None and details["slo"]["reason"].startswith("no SLO given")
+
+
+def test_failed_profiles_never_win_even_with_results():
+    hacked = [dict(p) for p in PROFILES]
+    hacked[1] = {**hacked[1], "results": [result(1, 999.0, 1.0), result(64, 9999.0, 1.0)]}
+    names, _ = bench_report.recommend(hacked, slo_p99_itl_ms=100)
+    assert "pp8" not in names.values()
+
+
+def test_single_stream_needs_concurrency_one():
+    without_one = [{**p, "results": [r for r in p["results"] if r["max_concurrency"] != 1]} for p in PROFILES]
+    names, details = bench_report.recommend(without_one)
+    assert names["single_stream"] is None and "concurrency 1" in details["single_stream"]["reason"]
+    assert names["throughput"] == "tp2ep4"
+
+
+def test_nothing_served_recommends_nothing():
+    names, _ = bench_report.recommend([PROFILES[1]], slo_p99_itl_ms=100)
+    assert names == {"single_stream": None, "throughput": None, "slo": None}
+
+
+def test_report_shape_and_bad_input():
+    report = bench_report.build_report("gpu-01", "kimi-k2.6", PROFILES, 100, "10000", workload={"ladder": [1]})
+    assert (report["host"], report["model"], report["workload"]) == ("gpu-01", "kimi-k2.6", {"ladder": [1]})
+    assert [p["profile"] for p in report["profiles"]] == ["tp8", "pp8", "ep8", "tp2ep4"]
+    assert report["slo"] == {"p99_itl_ms": 100.0, "p99_ttft_ms": 10000.0}
+    assert report["recommendation"] == {"single_stream": "ep8", "throughput": "tp2ep4", "slo": "tp2ep4"}
+    assert set(report["profiles"][0]["results"][0]) >= {"max_concurrency", "output_throughput", "total_throughput",
+                                                         "median_ttft_ms", "p99_ttft_ms", "p99_itl_ms"}
+    with pytest.raises(bench_report.BenchReportError, match="status is 'maybe'"):
+        bench_report.build_report("h", "m", [{"profile": "tp8", "status": "maybe"}])
+    with pytest.raises(bench_report.BenchReportError, match="slo_p99_itl_ms is 'fast'"):
+        bench_report.build_report("h", "m", PROFILES, "fast")
+
+
+def test_csv_has_one_row_per_profile_and_level():
+    report = bench_report.build_report("gpu-01", "kimi-k2.6", PROFILES, 100)
+    rows = list(csv.DictReader(io.StringIO(bench_report.csv_text(report))))
+    assert len(rows) == 3 + 1 + 3 + 3
+    assert list(rows[0])[:6] == ["host", "model", "profile", "status", "max_concurrency", "backend"]
+    pp8 = [r for r in rows if r["profile"] == "pp8"]
+    assert len(pp8) == 1 and pp8[0]["status"] == "failed" and pp8[0]["output_throughput"] == ""
+    top = next(r for r in rows if r["profile"] == "tp2ep4" and r["max_concurrency"] == "256")
+    assert (float(top["output_throughput"]), float(top["p99_itl_ms"]), top["host"]) == (1531.0, 180.0, "gpu-01")
+
+
+def test_markdown_summary_table():
+    report = bench_report.build_report("gpu-01", "kimi-k2.6", PROFILES, 100, 10000,
+                                       workload={"dataset_name": "random", "input_len": 1024, "output_len": 512,
+                                                 "ladder": [1, 64, 256]})
+    text = bench_report.markdown(report)
+    assert "| ep8 | ok | 65.0 | 960.0 | 256 | 300.0 | 8000 |" in text
+    assert "| tp2ep4 | ok | 48.0 | 1531.0 | 256 | 180.0 | 12000 |" in text
+    assert "| pp8 | failed: oom in weight_load | – | – | – | – | – |" in text
+    assert "- Fastest single stream: **ep8** (65.0 tok/s at one request)" in text
+    assert "- Highest aggregate: **tp2ep4** (1531.0 tok/s at concurrency 256)" in text
+    assert "within p99 ITL <= 100 ms and p99 TTFT <= 10000 ms: **tp2ep4** (1300.0 tok/s at concurrency 64" in text
+    assert "concurrency 1, 64, 256" in text
+    none_met = bench_report.markdown(bench_report.build_report("h", "m", PROFILES, 1))
+    assert "Highest aggregate within p99 ITL <= 1 ms: none (no measurement stayed within p99 ITL <= 1 ms)" in none_met
+
+
+def test_write_report_writes_every_file_and_the_pngs(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is in the dev extra (make setup)")
+    report = bench_report.build_report("gpu-01", "kimi-k2.6", PROFILES, 100, 10000)
+    files = bench_report.write_report(report, str(tmp_path / "reports"), "bench-20261201T000000Z")
+    assert json.loads((tmp_path / "reports" / "bench-20261201T000000Z.json").read_text()) == report
+    assert files["csv"].endswith(".csv") and files["markdown"].endswith(".md") and files["plots_skipped"] is None
+    assert [p.rsplit("/", 1)[1] for p in files["plots"]] == ["bench-20261201T000000Z-throughput.png",
+                                                             "bench-20261201T000000Z-latency.png"]
+    for path in files["plots"]:
+        data = Path(path).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+def test_plots_skipped_with_a_reason_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    report = bench_report.build_report("h", "m", PROFILES)
+    files = bench_report.write_report(report, str(tmp_path), "x")
+    assert files["plots"] == [] and "matplotlib is not installed" in files["plots_skipped"]
+    assert (tmp_path / "x.json").is_file() and not list(tmp_path.glob("*.png"))
+
+
+def test_jsonl_reader_reads_the_output_file_by_concurrency():
+    lines = [json.dumps({"backend": "sglang", "max_concurrency": c, "output_throughput": t, "p99_itl_ms": 9.5,
+                         "completed": 8, "duration": 3.2, "p99_ttft_ms": 70.0})
+             for c, t in ((64, 900.5), (1, 61.2))]
+    text = "\n".join(["noise", *lines, ""])
+    results = bench_report.results_from_jsonl(text)
+    assert [(r["max_concurrency"], r["output_throughput"]) for r in results] == [(1, 61.2), (64, 900.5)]
+    assert results[0]["successful_requests"] == 8 and results[0]["duration_s"] == 3.2
+    assert set(results[0]) == set(FIELDS)
+
+
+@pytest.mark.parametrize(("concurrency", "expected"), [(1, 8), (4, 8), (16, 32), (64, 128), (256, 512), (1024, 512)])
+def test_prompts_per_level(concurrency, expected):
+    assert bench_report.prompts_for(concurrency, 8, 2, 512) == expected
+
+
+def test_module_writes_the_report_from_fetched_jsonl(tmp_path):
+    """plugins/modules/bench_report.py run as the tests run the collection's modules (python -m, args file)."""
+    jsonl = tmp_path / "ep8.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"max_concurrency": c, "output_throughput": t, "p99_itl_ms": 10.0,
+                                           "p99_ttft_ms": 100.0}) for c, t in ((1, 62.0), (64, 900.0))) + "\n")
+    args = {"ANSIBLE_MODULE_ARGS": {
+        "host": "gpu-01", "model": "kimi-k2.6", "dest": str(tmp_path / "out"), "stem": "bench-x", "plots": False,
+        "slo_p99_itl_ms": 50,
+        "profiles": [{"profile": "ep8", "status": "ok", "outcome": {}, "results_file": str(jsonl),
+                      "timing_s": {"start": 11.0, "measure": 5.0, "total": 16.0}},
+                     {"profile": "tp8", "status": "ok", "outcome": {}, "results_file": str(tmp_path / "none")},
+                     {"profile": "pp8", "status": "failed", "outcome": {"outcome": "failed"}}],
+        "facts": {"workload": {"ladder": [1, 64]}},
+    }}
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps(args))
+    out = subprocess.run([sys.executable, "-m", "ansible_collections.moefleet.serving.plugins.modules.bench_report",
+                          str(args_file)], capture_output=True, text=True, cwd=tmp_path)
+    answer = json.loads(out.stdout)
+    assert answer.get("failed") is not True, answer
+    assert answer["recommendation"] == {"single_stream": "ep8", "throughput": "ep8", "slo": "ep8"}
+    written = json.loads((tmp_path / "out" / "bench-x.json").read_text())
+    assert [(p["profile"], p["status"]) for p in written["profiles"]] == [("ep8", "ok"), ("tp8", "failed"),
+                                                                         ("pp8", "failed")]
+    assert written["profiles"][1]["error"] == "served, but bench_serving wrote no result"
+    assert written["profiles"][0]["timing_s"] == {"start": 11.0, "measure": 5.0, "total": 16.0}
+    assert written["workload"] == {"ladder": [1, 64]} and "results_file" not in written["profiles"][0]
+    assert answer["files"]["plots"] == [] and (tmp_path / "out" / "bench-x.md").is_file()
