@@ -97,6 +97,8 @@ BAD_INPUT = [
     (["sglang_model_source=huggingface", "sglang_model_revision=" + "a" * 40, "sglang_model_gated=true"],
      "moonshotai/Kimi-K2.6 is gated (sglang_model_gated) but sglang_model_hf_token is empty for unreachable-1"),
     (["sglang_model_path=models/k2"], "sglang_model_path is 'models/k2' for unreachable-1; set it to the absolute"),
+    (["sglang_service_model_path=/srv/models/k2"],
+     "sglang_service_model_path (set for unreachable-1) was renamed: set sglang_model_path instead"),
 ]
 
 

@@ -70,7 +70,7 @@ def without_mem_fraction(flags: dict) -> dict:
 def rendered_args(flags: dict, service: dict) -> list[str]:
     """The argv the sglang_service role renders (roles/sglang_service/vars/main.yml, _sglang_service_args):
     model path, served name, host and port, then the flags, through the product's own filter."""
-    head = {"model_path": service["sglang_service_model_path"],
+    head = {"model_path": service["sglang_model_path"],
             "served_model_name": service["sglang_service_served_model_name"],
             "host": service["sglang_service_host"], "port": service["sglang_service_port"]}
     return product_filters()["profile_args"]({"flags": {**head, **flags}})
@@ -84,7 +84,12 @@ def product_filters() -> dict:
 
 
 def role_defaults(role: str) -> dict:
-    return yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    """The role's defaults over those of its dependencies (meta/main.yml), as Ansible sees them in its play."""
+    meta = yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text()) or {}
+    out: dict = {}
+    for dep in meta.get("dependencies") or []:
+        out.update(role_defaults(dep if isinstance(dep, str) else dep["role"]))
+    return {**out, **(yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {})}
 
 
 def example_inventory_vars() -> dict:

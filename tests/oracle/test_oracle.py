@@ -46,7 +46,7 @@ def _emitted() -> list[tuple[str, dict, list[str]]]:
 
 
 def _head(service: dict) -> dict:
-    return {"model_path": service["sglang_service_model_path"],
+    return {"model_path": service["sglang_model_path"],
             "served_model_name": service["sglang_service_served_model_name"],
             "host": service["sglang_service_host"], "port": service["sglang_service_port"]}
 

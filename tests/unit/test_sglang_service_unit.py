@@ -27,7 +27,10 @@ def render(tmp_path: Path, versions=VERSIONS, home: str = "/var/lib/sglang") -> 
     playbook.write_text(json.dumps([{
         "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+        # the role's dependencies' defaults first (meta/main.yml: sglang, sglang_model), as Ansible loads them
+        "vars_files": [str(ROLE.parent / "sglang" / "defaults" / "main.yml"),
+                       str(ROLE.parent / "sglang_model" / "defaults" / "main.yml"),
+                       str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
         "tasks": [{
             "name": "Render the unit for each systemd version",
             "ansible.builtin.template": {"src": str(ROLE / "templates/etc/systemd/system/sglang.service.j2"),
@@ -39,8 +42,8 @@ def render(tmp_path: Path, versions=VERSIONS, home: str = "/var/lib/sglang") -> 
             "sglang_service_catalog": "{{ lookup('ansible.builtin.file', '%s') | from_yaml }}"
                                       % (ROOT / "profiles" / "catalog.yml"),
             "sglang_service_profile": "tp2ep4",
-            "sglang_service_venv": str(venv),
-            "sglang_service_home": home,
+            "sglang_venv": str(venv),
+            "sglang_home": home,
             "__sglang_service_attempt": {"profile": "tp2ep4", "tuning": {}, "nccl_set": "pcie_p2p"},
             "__sglang_service_dev_nodes": {"files": [{"path": p} for p in NODES]},
             },
@@ -128,7 +131,7 @@ def test_a_home_that_is_not_normalized_is_refused_before_the_host_changes(tmp_pa
     playbook = tmp_path / "inputs.yml"
     playbook.write_text(json.dumps([{
         "hosts": "localhost", "connection": "local", "gather_facts": False,
-        "vars": {"sglang_service_home": "/etc/sglang/../../var/lib/sglang",
+        "vars": {"sglang_home": "/etc/sglang/../../var/lib/sglang",
                  "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
         "tasks": [{"name": "Check", "ansible.builtin.include_tasks": str(ROLE / "tasks" / "inputs.yml")}],
     }]))
