@@ -17,10 +17,11 @@ from moefleet import runner
 
 EXIT_OK, EXIT_NOT_DONE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-# Which task or role says what a host is doing (names from the roles and playbooks/serve.yml).
-INSTALL_ROLES = frozenset({"nvidia_driver", "cuda_toolkit", "sglang", "sglang_model"})
-LOADING_TASK = "Wait until SGLang serves the profile"
-ROLLBACK_TASK_PREFIXES = ("ROLLBACK", "Take the next remedy", "Restore")
+# What a host is doing comes from documented facts, never task names: sglang_service_phase (set to installing by
+# playbooks/serve.yml, then loading, rolling back, restoring, done by the sglang_service role) with
+# sglang_service_phase_reason, and sglang_service_outcome (roles/sglang_service/README.md, Outputs).
+PHASE_STATES = {"installing": "installing", "loading": "loading", "rolling back": "rolled back",
+                "restoring": "rolled back"}
 CONTROLLER = "controller"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -114,35 +115,26 @@ class Progress:
             self.checking_input = False
         if kind == "playbook_on_play_start" and data.get("play_pattern") in ("localhost", "127.0.0.1"):
             self.change(CONTROLLER, "validating")
-        elif kind == "runner_on_start" and host:
-            self.started(host, task, role)
+        elif kind == "runner_on_start" and host and self.checking_input and host not in self.states:
+            self.change(host, "validating")
         elif kind == "runner_on_ok" and host:
             self.finished(host, result)
         elif kind == "runner_on_failed" and host and not data.get("ignore_errors"):
             message = _one_line(result.get("msg", "")) or f"task {task!r} failed"
             if self.checking_input:
                 self.input_error = self.input_error or message
-            if task != LOADING_TASK:  # the role rescues a failed start and rolls back
-                self.change(host, "failed", message)
+            self.change(host, "failed", message)
         elif kind == "runner_on_unreachable" and host:
             self.change(host, "unreachable", _one_line(result.get("msg", "")))
 
-    def started(self, host: str, task: str, role: str) -> None:
-        if role in INSTALL_ROLES:
-            self.change(host, "installing")
-        elif task == LOADING_TASK and self.states.get(host) != "rolled back":  # a remedy's start stays rolled back
-            self.change(host, "loading")
-        elif task.startswith(ROLLBACK_TASK_PREFIXES):
-            self.change(host, "rolled back")
-        elif self.checking_input and host not in self.states:
-            self.change(host, "validating")
-
     def finished(self, host: str, result: dict[str, Any]) -> None:
-        message = result.get("msg")
-        if isinstance(message, str) and message.startswith("ROLLBACK"):
-            reason = message.removeprefix("ROLLBACK").strip()
-            self.change(host, "rolled back", reason.removeprefix(f"{host}:").strip(), force=True)
-        outcome = (result.get("ansible_facts") or {}).get("sglang_service_outcome")
+        facts = result.get("ansible_facts") or {}
+        phase = facts.get("sglang_service_phase")
+        if phase in PHASE_STATES:
+            self.checking_input = False
+            reason = _one_line(facts.get("sglang_service_phase_reason") or "")
+            self.change(host, PHASE_STATES[phase], reason, force=bool(reason))
+        outcome = facts.get("sglang_service_outcome")
         if isinstance(outcome, dict) and outcome.get("outcome") == "ready":
             self.change(host, "ready", f"serving {outcome.get('serving_profile')}")
 

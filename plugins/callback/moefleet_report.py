@@ -37,19 +37,15 @@ from pathlib import Path
 
 from ansible.plugins.callback import CallbackBase
 
-# Roles whose tasks mark the play that installs and serves SGLang.
-_SERVE_ROLES = frozenset({"nvidia_driver", "cuda_toolkit", "sglang", "sglang_model", "sglang_service"})
-# A stop request waits from the first task of this role's start file to the role's end (start, rollback or
-# restore, record): a host is never left half-way through a rollback or restore.
-_SERVICE_ROLE = "sglang_service"
-_SERVICE_START = "start.yml"
+# What a host does comes from the documented fact sglang_service_phase (roles/sglang_service/README.md, Outputs),
+# never from task or role names: playbooks/serve.yml sets "installing" first, which marks the play that installs
+# and serves; the role sets "loading", "rolling back" or "restoring" once a start is under way and "done" once the
+# outcome is recorded. A stop request waits while any host is under way: none is left half-way through a start,
+# a rollback or a restore.
+_PHASE_INSTALLING = "installing"
+_PHASES_UNDER_WAY = frozenset({"loading", "rolling back", "restoring"})
 _DEFAULT_DIR_PLAYBOOKS = {"rollout.yml": "reports"}
 _FINAL = ("ready", "degraded", "restored", "failed")
-
-
-def _role_name(role) -> str:
-    """The role's own name, also when it runs from the installed collection (moefleet.serving.<name>)."""
-    return role.get_name(include_role_fqcn=False)
 
 
 def _iso(ts: float | None) -> str | None:
@@ -103,8 +99,8 @@ class CallbackModule(CallbackBase):
 
     def _reset(self) -> None:
         self._playbook = ""
-        # Between the start of the service and the end of its role: a stop request waits until then.
-        self._starting = False
+        # Each host's last sglang_service_phase: a stop request waits while one is under way.
+        self._phases: dict[str, str] = {}
         self._started: float | None = None
         self._report_dir: str | None = None
         self._report_path: str | None = None
@@ -164,16 +160,9 @@ class CallbackModule(CallbackBase):
             entry.start = min(entry.start or started, started)
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
-        role = getattr(task, "_role", None)
-        in_service = role is not None and _role_name(role) == _SERVICE_ROLE
-        if in_service and os.path.basename((task.get_path() or "").rsplit(":", 1)[0]) == _SERVICE_START:
-            self._starting = True
-        elif not in_service:
-            self._starting = False
-        if self._stop_file and os.path.exists(self._stop_file) and not self._starting:
+        under_way = any(phase in _PHASES_UNDER_WAY for phase in self._phases.values())
+        if self._stop_file and os.path.exists(self._stop_file) and not under_way:
             self._stop_before(task)
-        if not self._play_is_serve and role is not None and _role_name(role) in _SERVE_ROLES:
-            self._mark_serve_play()
 
     def v2_playbook_on_handler_task_start(self, task) -> None:
         self.v2_playbook_on_task_start(task, False)
@@ -201,6 +190,11 @@ class CallbackModule(CallbackBase):
             entry.end = self._clock()
             entry.message = _one_line(data.get("msg", ""))
             return
+        phase = facts.get("sglang_service_phase")
+        if isinstance(phase, str):
+            self._phases[name] = phase
+            if phase == _PHASE_INSTALLING and not self._play_is_serve:
+                self._mark_serve_play()
         if not (self._play_is_serve or facts):
             return
         entry = self._host(name)

@@ -71,6 +71,7 @@ def test_canary_oom_stops_the_rollout_before_the_second_host(lab_inventory, tmp_
     assert "itest-2          installing" not in out and "itest-2          loading" not in out
 
     data = json.loads(report.with_suffix(".json").read_text())
+    jsonschema.validate(data, REPORT_SCHEMA)
     assert data["result"] == "stopped"
     rows = {h["host"]: h for h in data["hosts"]}
     assert rows["itest-1"]["outcome"] in ("degraded", "restored")

@@ -94,24 +94,28 @@ def lines_for(events) -> list[str]:
     return [line.split(None, 1)[1] for line in out.getvalue().splitlines()]
 
 
+def phase(name: str, reason: str = "") -> dict:
+    return {"ansible_facts": {"sglang_service_phase": name, "sglang_service_phase_reason": reason}}
+
+
+# Task names are arbitrary here: the progress reads the documented facts only (sglang_service_phase, _outcome).
 ROLLBACK_RUN = [
     event("playbook_on_play_start", play_pattern="localhost"),
-    event("runner_on_start", "localhost", "Validate the catalog and resolve each host's profile"),
-    event("runner_on_start", "lab-1", "Read what each host serves"),
+    event("runner_on_start", "localhost", "any task"),
+    event("runner_on_start", "lab-1", "any task"),
     event("runner_on_start", "lab-1", "Gathering Facts"),
-    event("runner_on_start", "lab-1", "Install the driver", role="nvidia_driver"),
-    event("runner_on_start", "lab-1", "Install SGLang", role="sglang"),
-    event("runner_on_start", "lab-1", "Wait until SGLang serves the profile", role="sglang_service"),
-    event("runner_on_ok", "lab-1", "Wait until SGLang serves the profile", role="sglang_service",
-          res={"state": "oom", "phase": "weight_load"}),
-    event("runner_on_start", "lab-1", "Take the next remedy", role="sglang_service"),
-    event("runner_on_ok", "lab-1", "Say why", role="sglang_service", res={"msg": "ROLLBACK lab-1: ep8 ran out"}),
-    # the remedy runs the same start procedure: its readiness wait leaves the host "rolled back"
-    event("runner_on_start", "lab-1", "Wait until SGLang serves the profile", role="sglang_service"),
-    event("runner_on_ok", "lab-1", "Summarize this run", role="sglang_service",
+    event("runner_on_ok", "lab-1", "any task", res=phase("installing")),
+    event("runner_on_start", "lab-1", "any task", role="nvidia_driver"),
+    event("runner_on_ok", "lab-1", "any task", role="sglang_service", res=phase("loading")),
+    event("runner_on_ok", "lab-1", "a readiness wait", role="sglang_service",
+          res={"state": "oom", "phase": "weight_load", "msg": "ROLLBACK is no prefix anyone reads"}),
+    event("runner_on_ok", "lab-1", "any task", role="sglang_service",
+          res=phase("rolling back", "ep8 ran out of memory (weight_load); falling back to tp8.")),
+    event("runner_on_ok", "lab-1", "a readiness wait", role="sglang_service", res={"state": "ready"}),
+    event("runner_on_ok", "lab-1", "any task", role="sglang_service",
           res={"ansible_facts": {"sglang_service_outcome": {"outcome": "degraded", "serving_profile": "tp8"}}}),
-    event("runner_on_failed", "lab-1", "Fail a host that does not serve the asked profile", role="sglang_service",
-          res={"msg": "lab-1 does not serve ep8"}),
+    event("runner_on_ok", "lab-1", "any task", role="sglang_service", res=phase("done")),
+    event("runner_on_failed", "lab-1", "any task", role="sglang_service", res={"msg": "lab-1 does not serve ep8"}),
 ]
 
 
@@ -121,8 +125,7 @@ def test_progress_one_line_per_state_change():
         "lab-1 validating",
         "lab-1 installing",
         "lab-1 loading",
-        "lab-1 rolled back",
-        "lab-1 rolled back: ep8 ran out",
+        "lab-1 rolled back: ep8 ran out of memory (weight_load); falling back to tp8.",
         "lab-1 failed: lab-1 does not serve ep8",
     ]
 
@@ -130,8 +133,8 @@ def test_progress_one_line_per_state_change():
 def test_progress_ready_and_unreachable():
     lines = lines_for(
         [
-            event("runner_on_start", "lab-1", "Wait until SGLang serves the profile", role="sglang_service"),
-            event("runner_on_ok", "lab-1", "Summarize this run", role="sglang_service",
+            event("runner_on_ok", "lab-1", "any task", role="sglang_service", res=phase("loading")),
+            event("runner_on_ok", "lab-1", "any task", role="sglang_service",
                   res={"ansible_facts": {"sglang_service_outcome": {"outcome": "ready", "serving_profile": "ep8"}}}),
             event("runner_on_unreachable", "lab-2", "Gathering Facts", res={"msg": "no route"}),
         ]

@@ -122,6 +122,12 @@ def result(host: str, task: Task, data: dict) -> SimpleNamespace:
 
 
 HOSTS = ["lab-1", "lab-2", "lab-3"]
+# Any task name: the callback reads the sglang_service_phase fact a task sets, not the task.
+PHASE_TASK = Task("a set_fact", action="ansible.builtin.set_fact")
+
+
+def phase(name: str) -> dict:
+    return {"ansible_facts": {"sglang_service_phase": name, "sglang_service_phase_reason": ""}}
 OUTCOME_TASK = Task("Summarize this run", role="sglang_service", action="ansible.builtin.set_fact")
 FAIL_TASK = Task("Fail a host that does not serve the asked profile", role="sglang_service", action="fail")
 
@@ -167,6 +173,7 @@ class Run:
     def serve_batch(self, hosts: list[str], outcomes: dict[str, dict]) -> None:
         self.play("blackwell")
         self.task(Task("Gathering Facts", action="gather_facts"), hosts, {"ansible_facts": {}})
+        self.task(PHASE_TASK, hosts, phase("installing"))  # playbooks/serve.yml's first task
         self.task(Task("Install the driver", role="nvidia_driver"), hosts)
         for host in hosts:
             if host in outcomes:
@@ -207,10 +214,11 @@ def test_complete_rollout_writes_json_and_markdown_at_the_given_path(tmp_path):
         ("lab-2", "ready", "ep8", 0),
         ("lab-3", "ready", "ep8", 0),
     ]
-    # Each host: gather facts, one install task, the outcome (5 s each); the confirmation play does not count.
-    assert [h["seconds"] for h in report["hosts"]] == [15.0, 15.0, 15.0]
+    # Each host: gather facts, the phase, one install task, the outcome (5 s each); the confirmation play does
+    # not count.
+    assert [h["seconds"] for h in report["hosts"]] == [20.0, 20.0, 20.0]
     markdown = (tmp_path / "out" / "r1.md").read_text()
-    assert "| lab-2 | ep8 | ep8 | ready | 0 | 15.0 |" in markdown
+    assert "| lab-2 | ep8 | ep8 | ready | 0 | 20.0 |" in markdown
     assert "**complete**" in markdown
     shown = "\n".join(run.cb._display.lines)
     assert "complete, 3/3 host(s)" in shown and str(base) + ".json" in shown
@@ -349,25 +357,21 @@ def test_stop_request_writes_the_report_and_ends_before_the_next_task(tmp_path):
     assert read(base)["stopped_by"]
 
 
-# The role from the clone's roles/ (sglang_service) or from the installed collection (moefleet.serving.sglang_service).
-@pytest.mark.parametrize("role", ["sglang_service", "moefleet.serving.sglang_service"])
-def test_stop_request_waits_for_a_started_hosts_rollback_and_restore(tmp_path, role):
+def test_stop_request_waits_for_a_started_hosts_rollback_and_restore(tmp_path):
     base = tmp_path / "r8"
     stop = tmp_path / "stop"
     run = Run(extra={"moefleet_report_path": str(base)}, stop_file=stop)
     run.validate_and_confirm({"lab-2": "tp8"})
-    tasks = "/repo/roles/sglang_service/tasks/"
-    run.cb.v2_playbook_on_task_start(Task("Check the unit's inputs", role, path=tasks + "inputs.yml:3"),
-                                     False)
-    run.cb.v2_playbook_on_task_start(Task("Ensure SGLang runs", role, path=tasks + "start.yml:20"), False)
+    run.play("blackwell")
+    run.task(PHASE_TASK, ["lab-1"], phase("installing"))
+    run.task(PHASE_TASK, ["lab-1"], phase("loading"))  # the first start is under way
     stop.touch()  # the first Ctrl-C, while the start is checked
-    for name, file in (("Roll back to a safer profile", "start.yml:21"),
-                       ("Ensure SGLang runs the attempt's unit", "attempt.yml:104"),
-                       ("Restore and start the last unit that served", "restore.yml:28"),
-                       ("Write the moefleet local facts", "record.yml:70")):
-        run.cb.v2_playbook_on_task_start(Task(name, role, path=tasks + file), False)
+    for name, facts in (("a readiness wait", {"state": "oom"}), ("a set_fact", phase("rolling back")),
+                        ("a readiness wait", {"state": "oom"}), ("a set_fact", phase("restoring")),
+                        ("a readiness wait", {"state": "ready"}), ("a set_fact", phase("done"))):
+        run.task(Task(name, "sglang_service"), ["lab-1"], facts)
     assert not base.with_suffix(".json").exists()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # the host's start, rollback and restore are over: stop now
         run.cb.v2_playbook_on_task_start(Task("Check that every host done so far still serves"), False)
     assert "Check that every host done so far still serves" in read(base)["stopped_by"]
 
