@@ -21,8 +21,9 @@ description:
     batch, stopped when it was reached but the run ended before it finished.
   - When the file named by the environment variable C(MOEFLEET_STOP_FILE) exists at the start of a task, the
     report is written and the run ends before that task starts (how C(moefleet rollout) stops on Ctrl-C);
-    except from the start of the service (the role C(sglang_service)'s C(tasks/start.yml)) to the end of that
-    role, so that a start, its rollback or restore and the record of its outcome run to their end first.
+    except while a host's C(sglang_service_phase) fact says a start is under way (loading, rolling back,
+    restoring; until done), so that a start, its rollback or restore and the record of its outcome run to
+    their end first.
   - C(moefleet_report_dir) (a play variable) is relative to the working directory; C(moefleet_report_path)
     (an extra variable) is the report's path without extension.
 requirements:
