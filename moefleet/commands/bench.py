@@ -1,4 +1,12 @@
-"""moefleet bench: SGLang benchmark results.
+"""moefleet bench: run the benchmark sweep, and read SGLang benchmark results.
+
+`moefleet bench run [-i INVENTORY] [--profiles a,b] [--limit HOST] [-e VARS] [--report PATH]` runs
+playbooks/bench.yml through ansible-runner on one host (the first of group blackwell, or --limit): each profile
+served through the sglang_service role, then measured with SGLang's own bench_serving at a concurrency ladder.
+It prints one line per step (profile k of n, each concurrency level's output tok/s and p99 ITL), then the
+summary table and the recommendation; the report (JSON, CSV, Markdown, PNG plots) lands under reports/.
+Exit codes: 0 the report was written and the host serves again; 1 the run failed or wrote no report; 2 bad
+input, refused before the host was touched; 130 Ctrl-C.
 
 `moefleet bench parse FILE... [--json]` reads the results of `python -m sglang.bench_serving` as people
 paste them: the printed result block of any SGLang release since 0.2 (rows missing in older releases,
@@ -7,20 +15,26 @@ the JSON lines of its --output-file. It prints a table, or with --json a list of
 JSON line: output_throughput and the other throughputs in tok/s (request_throughput in req/s), latencies
 in ms, max_concurrency null when not printed or "not set", rows it does not know under "extra".
 
-Exit codes: 0 every file held at least one result; 2 a file held none or could not be read (a sentence
-on stderr names it; the results of the other files are still printed).
+Exit codes (parse): 0 every file held at least one result; 2 a file held none or could not be read (a
+sentence on stderr names it; the results of the other files are still printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import configparser
+import contextlib
 import json
+import re
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TextIO
 
 from ansible_collections.moefleet.serving.plugins.module_utils.bench_results import parse_text
 
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+EXIT_OK, EXIT_NOT_DONE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXPECTED = ("expected the block `python -m sglang.bench_serving` prints (from its "
             "'============ Serving Benchmark Result ============' line) or the JSON lines of its --output-file")
 
@@ -55,6 +69,29 @@ def register(subparsers) -> None:
     parse.add_argument("files", metavar="FILE", nargs="+", help="a saved or pasted output; '-' reads stdin")
     parse.add_argument("--json", action="store_true", help="print a JSON list, one object per result")
     parse.set_defaults(func=run_parse)
+
+    sweep = actions.add_parser(
+        "run",
+        help="serve each profile on one host and measure it with bench_serving: report and recommendation",
+        description=(
+            "Run playbooks/bench.yml through ansible-runner on one host (the first of group blackwell, or "
+            "--limit HOST): each profile served through the sglang_service role, measured with SGLang's own "
+            "bench_serving at a concurrency ladder; then the host serves what it served before (or, with "
+            "-e apply=yes, the winner). Prints progress, the summary table and the recommendation; the report "
+            "(JSON, CSV, Markdown, PNG) lands under reports/. Exit 0 report written and the host serves again, "
+            "1 otherwise, 2 bad input, 130 Ctrl-C."
+        ),
+    )
+    sweep.add_argument("-i", "--inventory", metavar="INVENTORY",
+                       help="inventory file or directory (default: the clone's ansible.cfg inventory)")
+    sweep.add_argument("--profiles", metavar="A,B", help="profiles to measure, in order (default: every one that fits)")
+    sweep.add_argument("--limit", "-l", metavar="HOST", help="the host to measure (default: the first of blackwell)")
+    sweep.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                       help="KEY=VALUE, a JSON/YAML object or @FILE; repeatable "
+                            "(-e '{\"bench_ladder\": [1, 64]}', -e apply=yes)")
+    sweep.add_argument("--report", type=Path, metavar="PATH",
+                       help="report path without extension (default reports/bench-<UTC>)")
+    sweep.set_defaults(func=run_sweep)
 
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help(sys.stderr)
@@ -122,3 +159,161 @@ def run_parse(args: argparse.Namespace) -> int:
     elif results:
         print(table(results))
     return code
+
+
+# Task names of playbooks/bench.yml and playbooks/tasks/bench_profile.yml that progress follows.
+SERVE_TASK = re.compile(r"^Sweep: serve profile (?P<k>\d+) of (?P<n>\d+): (?P<profile>\S+)$")
+MEASURE_TASK = re.compile(r"^Sweep: run bench_serving at each concurrency: (?P<profile>\S+) at (?P<ladder>.*)$")
+NOT_SERVED_TASK = re.compile(r"^Sweep: (record a profile that did not serve|require the asked profile itself to "
+                             r"serve): (?P<profile>\S+)$")
+REPORT_TASK = "Write the report on the controller"
+RESTORE_TASK = "Serve again what the host served before the sweep, or the winner"
+APPLY_TASKS = ("Create the group's vars file with the winner",
+               "Set sglang_profile to the winner in the group's vars file")
+
+
+class SweepProgress:
+    """Turns ansible-runner events of playbooks/bench.yml into progress lines."""
+
+    def __init__(self, out: TextIO | None = None, clock=time.localtime) -> None:
+        self.out = out
+        self.clock = clock
+        self.position = ""  # "profile k of n: name"
+        self.host = ""
+        self.report: dict[str, Any] | None = None
+        self.files: dict[str, Any] | None = None
+        self.reached_host = False
+        self.input_error: str | None = None
+        self.failed: list[str] = []
+        self.diffs: list[str] = []
+
+    def say(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S", self.clock())
+        print(f"{stamp}  {text}", file=self.out or sys.stdout, flush=True)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        task = (data.get("task") or "").strip()
+        result = data.get("res") if isinstance(data.get("res"), dict) else {}
+        host = data.get("host") or ""
+        if kind == "runner_on_start" and host and host != "localhost":
+            self.started(host, task)
+        elif kind == "runner_item_on_ok" and MEASURE_TASK.match(task):
+            self.level(result)
+        elif kind == "runner_on_ok":
+            self.finished(task, result)
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            message = " ".join(str(result.get("msg") or f"task {task!r} failed").split())
+            if not self.reached_host:
+                self.input_error = self.input_error or message
+            elif not self.position or task == RESTORE_TASK or task.startswith("Write the"):
+                self.failed.append(message)
+                self.say(f"{host or 'controller'}: failed: {message}")
+
+    def started(self, host: str, task: str) -> None:
+        if task == "Gather the host's facts (the service role reads systemd's version; local facts say what serves)":
+            self.reached_host = True
+            self.host = host
+            self.say(f"{host}: reading what it serves, planning the sweep")
+        elif match := SERVE_TASK.match(task):
+            self.reached_host = True
+            self.position = f"profile {match['k']} of {match['n']}: {match['profile']}"
+            self.say(f"{self.position}: starting")
+        elif match := MEASURE_TASK.match(task):
+            self.say(f"{self.position or match['profile']}: serving; measuring at concurrency {match['ladder']}")
+        elif task == RESTORE_TASK:
+            self.position = ""
+            self.say(f"{host}: serving again what it served before the sweep (or the winner)")
+
+    def level(self, result: dict[str, Any]) -> None:
+        concurrency = result.get(result.get("ansible_loop_var") or "bench_concurrency")
+        if result.get("rc") not in (0, None) or result.get("failed"):
+            tail = (str(result.get("stderr") or result.get("stdout") or result.get("msg") or "").strip().splitlines()
+                    or ["no output"])[-1]
+            self.say(f"{self.position}: concurrency {concurrency}: bench_serving exited {result.get('rc')}: {tail}")
+            return
+        parsed = [r for r in parse_text(str(result.get("stdout") or "")) if r["kind"] == "block"]
+        if not parsed:
+            self.say(f"{self.position}: concurrency {concurrency}: done (no result block in its output)")
+            return
+        found = parsed[-1]
+        self.say(f"{self.position}: concurrency {concurrency}: {_cell('{:.1f}', found['output_throughput'])} output "
+                 f"tok/s, p99 ITL {_cell('{:.1f}', found['p99_itl_ms'])} ms, p99 TTFT "
+                 f"{_cell('{:.0f}', found['p99_ttft_ms'])} ms")
+
+    def finished(self, task: str, result: dict[str, Any]) -> None:
+        if match := NOT_SERVED_TASK.match(task):
+            facts = result.get("ansible_facts") or {}
+            reason = " ".join(str(facts.get("__bench_error") or "").split())
+            self.say(f"{self.position or match['profile']}: did not serve" + (f": {reason}" if reason else ""))
+        elif task == REPORT_TASK:
+            self.report = result.get("report")
+            self.files = result.get("files")
+        elif task in APPLY_TASKS and result.get("changed"):
+            diff = result.get("diff")
+            for one in diff if isinstance(diff, list) else [diff] if diff else []:
+                self.diffs.append(f"--- {one.get('before_header', '')}\n+++ {one.get('after_header', '')}\n"
+                                  f"{one.get('before', '')!s}=>\n{one.get('after', '')!s}")
+
+
+def default_inventory() -> str:
+    """The inventory a clone's ansible.cfg names; BadInput when there is none."""
+    from moefleet import collection, runner
+
+    cfg = collection.ANSIBLE_CFG
+    if cfg is not None:
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read(cfg)
+        value = parser.get("defaults", "inventory", fallback="").split(",")[0].strip()
+        if value:
+            return str((cfg.parent / value).resolve())
+    raise runner.BadInput("no inventory given and no ansible.cfg names one: pass -i INVENTORY.")
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from moefleet import runner
+    from moefleet.commands.rollout import parse_extra_vars
+
+    progress = SweepProgress()
+    try:
+        extravars = parse_extra_vars(args.extra_vars)
+        if args.profiles is not None:
+            names = [name.strip() for name in args.profiles.split(",") if name.strip()]
+            if not names:
+                raise runner.BadInput("--profiles needs one or more profile names, comma-separated (tp8,ep8).")
+            extravars["profiles"] = names
+        if args.limit:
+            extravars["bench_host"] = args.limit
+        if args.report is not None:
+            base = args.report.expanduser().resolve()
+            base = base.with_suffix("") if base.suffix in (".json", ".md", ".csv") else base
+        else:
+            base = Path.cwd() / "reports" / datetime.now(UTC).strftime("bench-%Y%m%dT%H%M%SZ")
+        extravars["bench_report_dir"] = str(base.parent)
+        extravars["bench_report_stem"] = base.name
+        inventory = args.inventory or default_inventory()
+        outcome = runner.run_playbook("bench.yml", inventory, extravars, on_event=progress,
+                                      notice=lambda m: print(m, file=sys.stderr))
+    except runner.BadInput as exc:
+        print(f"moefleet bench run: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if progress.input_error and not progress.reached_host and not outcome.interrupted:
+        print(f"moefleet bench run: {progress.input_error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    markdown = base.with_name(base.name + ".md")
+    if progress.report is None or not markdown.is_file():
+        print(f"moefleet bench run: the run ended ({outcome.status}, rc {outcome.rc}) without writing its report "
+              f"{base}.json.", file=sys.stderr)
+        return EXIT_INTERRUPTED if outcome.interrupted else EXIT_NOT_DONE
+    with contextlib.suppress(OSError):
+        print("\n" + markdown.read_text(encoding="utf-8").rstrip())
+    for diff in progress.diffs:
+        print("\nInventory changed:\n" + diff)
+    plots = (progress.files or {}).get("plots") or []
+    print(f"\nReport: {base}.json, .csv, .md" + ("".join(f", {Path(p).name}" for p in plots)))
+    if (progress.files or {}).get("plots_skipped"):
+        print(f"No plots: {progress.files['plots_skipped']}.")
+    if outcome.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if outcome.rc == 0 and outcome.status == "successful" else EXIT_NOT_DONE

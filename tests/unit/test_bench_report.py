@@ -187,3 +187,50 @@ def test_module_writes_the_report_from_fetched_jsonl(tmp_path):
     assert written["profiles"][0]["timing_s"] == {"start": 11.0, "measure": 5.0, "total": 16.0}
     assert written["workload"] == {"ladder": [1, 64]} and "results_file" not in written["profiles"][0]
     assert answer["files"]["plots"] == [] and (tmp_path / "out" / "bench-x.md").is_file()
+
+
+BLOCK = """============ Serving Benchmark Result ============
+Backend:                                 sglang
+Max request concurrency:                 64
+Successful requests:                     128
+Output token throughput (tok/s):         1290.56
+---------------Time to First Token----------------
+P99 TTFT (ms):                           2410.20
+---------------Inter-Token Latency----------------
+P99 ITL (ms):                            61.73
+==================================================
+"""
+
+
+def test_cli_progress_follows_the_sweeps_events():
+    """moefleet bench run's progress lines from ansible-runner events named as playbooks/bench.yml names them."""
+    from moefleet.commands.bench import SweepProgress
+
+    out = io.StringIO()
+    progress = SweepProgress(out=out, clock=lambda: (2026, 12, 1, 4, 5, 6, 0, 335, 0))
+
+    def event(kind, task, host="itest-1", **res):
+        progress({"event": kind, "event_data": {"task": task, "host": host, "res": res}})
+
+    event("runner_on_start", "Sweep: serve profile 1 of 2: pp8")
+    event("runner_on_ok", "Sweep: record a profile that did not serve: pp8",
+          ansible_facts={"__bench_error": "itest-1 does not serve pp8: outcome failed"})
+    event("runner_on_start", "Sweep: serve profile 2 of 2: tp2ep4")
+    event("runner_on_start", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64")
+    event("runner_item_on_ok", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64", rc=0, stdout=BLOCK,
+          bench_concurrency=64, ansible_loop_var="bench_concurrency")
+    event("runner_item_on_ok", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64", rc=1,
+          stderr="Traceback\nConnectionRefusedError: [Errno 111]", bench_concurrency=256,
+          ansible_loop_var="bench_concurrency")
+    event("runner_on_ok", "Write the report on the controller", host="localhost",
+          report={"recommendation": {"throughput": "tp2ep4"}}, files={"plots": []})
+    assert out.getvalue().splitlines() == [
+        "04:05:06  profile 1 of 2: pp8: starting",
+        "04:05:06  profile 1 of 2: pp8: did not serve: itest-1 does not serve pp8: outcome failed",
+        "04:05:06  profile 2 of 2: tp2ep4: starting",
+        "04:05:06  profile 2 of 2: tp2ep4: serving; measuring at concurrency 1, 64",
+        "04:05:06  profile 2 of 2: tp2ep4: concurrency 64: 1290.6 output tok/s, p99 ITL 61.7 ms, p99 TTFT 2410 ms",
+        "04:05:06  profile 2 of 2: tp2ep4: concurrency 256: bench_serving exited 1: "
+        "ConnectionRefusedError: [Errno 111]",
+    ]
+    assert progress.report == {"recommendation": {"throughput": "tp2ep4"}} and progress.reached_host

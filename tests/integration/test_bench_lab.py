@@ -1,0 +1,94 @@
+"""playbooks/bench.yml on one lab host (itest-1 of the lab_inventory fixture): tp8, ep8 and tp2ep4 served through
+the sglang_service role one after the other and measured with the simulated `python -m sglang.bench_serving` at
+concurrency 1 and 64. The report lands as JSON, CSV, Markdown and two PNGs; the recommendation is the field
+report's (ep8 the fastest single stream, tp2ep4 the best aggregate); the host serves afterwards what it served
+before (its local facts and its unit's command line).
+
+On a fresh lab the host serves nothing yet: the test deploys tp8 on it first (as the rollout tests of this
+directory do next, so they find it installed and serving tp8). About 2.5 minutes on a fresh lab on 2 cores
+(the deploy ~1.3 of them), 1.3 on a host that already serves.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from playbook import run_playbook  # noqa: E402  (tests/playbook.py)
+
+pytestmark = pytest.mark.lab
+
+HOST = "itest-1"
+PROFILES = ["tp8", "ep8", "tp2ep4"]
+LADDER = [1, 64]
+
+
+def on_host(inventory: Path, command: str) -> str:
+    result = subprocess.run(["ssh", "-F", inventory.parent / "ssh_config", HOST, command], text=True,
+                            capture_output=True, timeout=120)
+    return result.stdout
+
+
+def serving(inventory: Path) -> dict:
+    """What the host serves: its local facts, whether the unit is active, and the unit's command line."""
+    facts = on_host(inventory, "cat /etc/ansible/facts.d/moefleet.fact 2>/dev/null")
+    return {
+        "facts": json.loads(facts) if facts.strip() else {},
+        "active": on_host(inventory, "systemctl is-active sglang.service").strip(),
+        "exec": on_host(inventory, "systemctl show -p ExecStart --value sglang.service | sed 's/ ; start_time=.*//'"),
+    }
+
+
+def test_sweep_reports_recommends_and_puts_back_what_served(lab_inventory, tmp_path):
+    before = serving(lab_inventory)
+    if before["active"] != "active" or not before["facts"].get("serving_profile"):
+        deployed = run_playbook(lab_inventory, "deploy.yml", "profile=tp8", options=("--limit", f"{HOST},localhost"))
+        assert deployed.returncode == 0, deployed.stdout[-4000:]
+        before = serving(lab_inventory)
+    assert before["active"] == "active" and before["exec"].strip()
+
+    reports = tmp_path / "reports"
+    started = time.monotonic()
+    result = run_playbook(
+        lab_inventory, "playbooks/bench.yml",
+        json.dumps({"profiles": PROFILES, "bench_ladder": LADDER, "bench_report_dir": str(reports)}),
+        options=("--limit", f"{HOST},localhost"), timeout=900,
+    )
+    wall = time.monotonic() - started
+    print(f"sweep wall time: {wall:.0f} s")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+    (report_file,) = reports.glob("bench-*.json")
+    stem = report_file.name.removesuffix(".json")
+    report = json.loads(report_file.read_text())
+    assert (report["host"], report["model"]) == (HOST, "kimi-k2.6")
+    assert [(p["profile"], p["status"]) for p in report["profiles"]] == [(p, "ok") for p in PROFILES]
+    for profile in report["profiles"]:
+        assert [r["max_concurrency"] for r in profile["results"]] == LADDER
+        assert all(r["output_throughput"] > 0 and r["p99_itl_ms"] > 0 for r in profile["results"])
+        assert profile["outcome"]["outcome"] == "ready" and profile["timing_s"]["total"] > 0
+    assert report["recommendation"]["single_stream"] == "ep8"
+    assert report["recommendation"]["throughput"] == "tp2ep4"
+    assert report["served_before"] == before["facts"]["serving_profile"]
+
+    rows = list(csv.DictReader((reports / f"{stem}.csv").open()))
+    assert [(r["profile"], r["max_concurrency"]) for r in rows] == [(p, str(c)) for p in PROFILES for c in LADDER]
+    summary = (reports / f"{stem}.md").read_text()
+    assert all(f"| {p} | ok |" in summary for p in PROFILES) and "Fastest single stream: **ep8**" in summary
+    for name in (f"{stem}-throughput.png", f"{stem}-latency.png"):
+        assert (reports / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    after = serving(lab_inventory)
+    assert after["active"] == "active"
+    assert after["facts"]["serving_profile"] == before["facts"]["serving_profile"]
+    assert after["facts"]["outcome"] == "ready"
+    assert after["exec"] == before["exec"]
+    # Nothing of the sweep is left on the host.
+    assert on_host(lab_inventory, "ls -d /tmp/moefleet-bench.* 2>/dev/null").strip() == ""
