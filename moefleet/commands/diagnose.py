@@ -5,10 +5,13 @@ The classifier is the one the readiness module uses (plugins/module_utils/sglang
 still starting (incomplete); 2 the input cannot be read as a log (no SGLang, journal or traceback line).
 
 It reads SGLang's own output and journal exports: journalctl's short, short-precise, short-iso and
-short-full formats, `-o json` and `-o export`; lines as container and cloud loggers print them (docker
-compose `svc-1  | `, docker/kubectl timestamps, kubectl --prefix `[pod/name/container]`, CloudWatch and
-GCP time stamps, docker's json-file lines), colour codes (ESC or pasted as `\\x1b[..m` / `^[[..m`), and
-logs exported newest first.
+short-full formats, `-o json` (one object per line) and `-o export` (fields as NAME=value, entries
+separated by a blank line; a field holding control characters or newlines, such as a MESSAGE with colour
+codes, in the format's binary-safe form: its name, a 64-bit little-endian length, the bytes); lines as
+container and cloud loggers print them (docker compose `svc-1  | `, docker/kubectl timestamps, kubectl
+--prefix `[pod/name/container]`, CloudWatch and GCP time stamps, docker's json-file lines), colour codes
+(ESC or pasted as `\\x1b[..m` / `^[[..m`), and logs exported newest first. On a host:
+`journalctl -u sglang.service -o short-precise --since -1h > sglang.log` (or `-o json`, `-o export`).
 
 A saved log that ends while starting is ``starting`` and exits 1 as incomplete. With ``--hang-seconds N``
 it is ``hung`` instead once its last line is at least N seconds old: for a file, by its modification
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -71,11 +75,58 @@ def _read(path: str) -> tuple[str, float | None]:
     except OSError as err:
         raise BadInput(f"{path}: cannot be read ({err.strerror or err}).") from None
     name = "stdin" if path == "-" else path
+    exported = _export_as_text(data)
+    if exported is not None:
+        data = exported
     if b"\x00" in data:
         raise BadInput(f"{name}: looks binary (it has NUL bytes), not a text log; pass the log or a journal export.")
     if not data.strip():
         raise BadInput(f"{name}: is empty; there is nothing to diagnose.")
     return data.decode("utf-8", errors="replace"), age
+
+
+_FIELD_NAME = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _export_as_text(data: bytes) -> bytes | None:
+    """A `journalctl -o export` stream with binary-safe fields (systemd's Journal Export Format: a field
+    holding control characters or newlines is its name, a newline, a 64-bit little-endian length, the bytes
+    and a newline) rewritten with every field as NAME=value, one entry per line of a multi-line MESSAGE;
+    None when ``data`` is not such a stream (plain export streams are read as they are)."""
+    if not (data.startswith(b"__CURSOR=") or b"\n__CURSOR=" in data[:4096]) or b"\x00" not in data:
+        return None
+    entries: list[list[tuple[bytes, bytes]]] = []
+    fields: list[tuple[bytes, bytes]] = []
+    pos = 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        line, pos = (data[pos:], len(data)) if end < 0 else (data[pos:end], end + 1)
+        if not line:
+            if fields:
+                entries.append(fields)
+            fields = []
+        elif b"=" in line:
+            name, _, value = line.partition(b"=")
+            fields.append((name, value))
+        elif _FIELD_NAME.fullmatch(line) and pos + 8 <= len(data):
+            size = int.from_bytes(data[pos : pos + 8], "little")
+            if pos + 8 + size > len(data):
+                return None
+            fields.append((line, data[pos + 8 : pos + 8 + size]))
+            pos += 8 + size + (data[pos + 8 + size : pos + 9 + size] == b"\n")
+        else:
+            return None
+    if fields:
+        entries.append(fields)
+    out = []
+    for entry in entries:
+        other = [(n, v) for n, v in entry if n != b"MESSAGE" and b"\n" not in v and b"\x00" not in v]
+        for name, value in entry:
+            if name != b"MESSAGE":
+                continue
+            for message in value.replace(b"\x00", b"").splitlines() or [b""]:
+                out += [n + b"=" + v for n, v in other] + [b"MESSAGE=" + message, b""]
+    return b"\n".join(out) + b"\n"
 
 
 def _human(result: dict) -> str:

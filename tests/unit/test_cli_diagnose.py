@@ -118,3 +118,127 @@ def test_bad_hang_seconds_exits_2(capsys, seconds):
     code, _, err = _run(capsys, READY_LOG, "--hang-seconds", seconds)
     assert code == 2 and err.startswith(f"moefleet diagnose: --hang-seconds {seconds} is not usable")
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# --- journal exports in the exact shapes journalctl prints (issue 15) ---------------------------------------
+# One OOM start, as SGLang's unit writes it to the journal; each format below is what
+# `journalctl -u sglang.service -o FORMAT` prints for those entries (systemd's Journal Export Formats and
+# journalctl(1): short-precise is "Mon DD HH:MM:SS.ffffff HOST IDENT[PID]: MESSAGE"; json one object per entry
+# and line, every value a string; export NAME=value fields, a blank line between entries, and a field that
+# holds control characters (the colour codes of SGLang's tqdm bars and loggers) or newlines in the binary-safe
+# form NAME, newline, 64-bit little-endian length, the bytes, newline).
+
+JOURNAL_MESSAGES = [
+    "[2026-12-01 03:12:40] server_args=ServerArgs(model_path='/srv/models/Kimi-K2.6', tp_size=8, ep_size=4)",
+    "[2026-12-01 03:12:44 TP2] Load weight begin. avail mem=93.97 GB",
+    "[2026-12-01 03:12:59 TP2] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 2310, in run',
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 672.00 MiB. GPU 2 has a total capacity of "
+    "94.97 GiB of which 136.94 MiB is free. Including non-PyTorch memory, this process has 94.83 GiB memory in use.",
+    "[2026-12-01 03:12:59] Received sigquit from a child process. It usually means the child failed.",
+]
+T0 = 1764558760_000000  # 2026-12-01 03:12:40 UTC, in microseconds
+BOOT, MACHINE = "6d2a0e5c3b9a4f1e8c7d6b5a49382716", "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+INVOCATION = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
+
+
+def _entry(i: int, message: str) -> dict[str, str]:
+    return {
+        "__CURSOR": f"s=3c1f0b7a9e2d4c5b8a6f7e1d2c3b4a59;i={0x1a2b + i:x};b={BOOT};m={0x4c4b40 + i:x};"
+        f"t={T0 + i * 1000:x};x=9f8e7d6c5b4a3921",
+        "__REALTIME_TIMESTAMP": str(T0 + i * 1000),
+        "__MONOTONIC_TIMESTAMP": str(5000000 + i * 1000),
+        "_BOOT_ID": BOOT,
+        "_MACHINE_ID": MACHINE,
+        "_HOSTNAME": "gpu-7",
+        "PRIORITY": "6",
+        "SYSLOG_FACILITY": "3",
+        "_UID": "998",
+        "_GID": "998",
+        "_TRANSPORT": "stdout",
+        "_STREAM_ID": "5c0d7e9a1b2c4d3e8f7a6b5c4d3e2f1a",
+        "SYSLOG_IDENTIFIER": "python3",
+        "_PID": "4242",
+        "_COMM": "python3",
+        "_EXE": "/usr/bin/python3.11",
+        "_CMDLINE": "/opt/sglang/venv/bin/python3 -m sglang.launch_server --config /run/credentials/sglang.service/...",
+        "_SYSTEMD_CGROUP": "/system.slice/sglang.service",
+        "_SYSTEMD_UNIT": "sglang.service",
+        "_SYSTEMD_SLICE": "system.slice",
+        "_SYSTEMD_INVOCATION_ID": INVOCATION,
+        "MESSAGE": message,
+    }
+
+
+def _short_precise() -> str:
+    return "".join(
+        f"Dec 01 03:12:{40 + i // 1000:02d}.{i * 1000 % 1000000:06d} gpu-7 python3[4242]: {m}\n"
+        for i, m in enumerate(JOURNAL_MESSAGES)
+    )
+
+
+def _json() -> str:
+    return "".join(json.dumps(_entry(i, m), separators=(",", ":")) + "\n" for i, m in enumerate(JOURNAL_MESSAGES))
+
+
+def _export(colour: bool = False) -> bytes:
+    out = b""
+    for i, m in enumerate(JOURNAL_MESSAGES):
+        for name, value in _entry(i, m).items():
+            data = value.encode()
+            if name == "MESSAGE" and colour and "OutOfMemoryError" in value:
+                data = b"\x1b[31m" + data + b"\x1b[0m"
+            if any(c < 32 and c != 9 for c in data):
+                out += name.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
+            else:
+                out += name.encode() + b"=" + data + b"\n"
+        out += b"\n"
+    return out
+
+
+@pytest.mark.parametrize(
+    ("form", "content"),
+    [
+        ("plain", "\n".join(JOURNAL_MESSAGES) + "\n"),
+        ("short-precise", _short_precise()),
+        ("json", _json()),
+        ("export", _export()),
+        ("export with a binary-safe MESSAGE", _export(colour=True)),
+    ],
+)
+def test_each_journal_format_reads_as_the_same_oom(capsys, tmp_path, form, content):
+    log = tmp_path / "sglang.log"
+    if isinstance(content, bytes):
+        log.write_bytes(content)
+    else:
+        log.write_text(content, encoding="utf-8")
+    code, out, err = _run(capsys, log, "--json")
+    assert code == 1, err
+    result = json.loads(out)
+    assert (result["state"], result["oom"]["phase"], result["oom"]["gpu"]) == ("oom", "weight_load", 2), form
+    assert result["oom"]["tried_to_allocate_mib"] == 672.0 and result["oom"]["capacity_gib"] == 94.97
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 672.00 MiB" in result["line"]
+
+
+def test_the_binary_safe_export_field_is_the_one_the_format_defines():
+    raw = _export(colour=True)
+    at = raw.index(b"\nMESSAGE\n") + len(b"\nMESSAGE\n")
+    size = int.from_bytes(raw[at : at + 8], "little")
+    assert raw[at + 8 : at + 8 + size].startswith(b"\x1b[31mtorch.OutOfMemoryError")
+    assert raw[at + 8 + size : at + 9 + size] == b"\n"
+
+
+@pytest.mark.parametrize("name", ["README.md", "pyproject.toml", "docs/facts.md"])
+def test_a_file_that_is_not_a_log_exits_2_with_a_sentence(capsys, name):
+    code, out, err = _run(capsys, Path(__file__).resolve().parents[2] / name)
+    assert code == 2 and out == ""
+    assert "no SGLang, journal or traceback line in it; pass the server's log or a journal export" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_help_says_how_to_export_the_journal(capsys):
+    with pytest.raises(SystemExit):
+        main(["diagnose", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "journalctl -u sglang.service -o short-precise" in text
+    assert "64-bit little-endian length" in text
