@@ -162,10 +162,11 @@ def run_parse(args: argparse.Namespace) -> int:
 
 
 # Task names of playbooks/bench.yml and playbooks/tasks/bench_profile.yml that progress follows.
-SERVE_TASK = re.compile(r"^Sweep: serve profile (?P<k>\d+) of (?P<n>\d+): (?P<profile>\S+)$")
+SERVE_TASK = re.compile(r"^Sweep: note the start of profile (?P<k>\d+) of (?P<n>\d+): (?P<profile>\S+)$")
 MEASURE_TASK = re.compile(r"^Sweep: run bench_serving at each concurrency: (?P<profile>\S+) at (?P<ladder>.*)$")
 NOT_SERVED_TASK = re.compile(r"^Sweep: (record a profile that did not serve|require the asked profile itself to "
                              r"serve): (?P<profile>\S+)$")
+FACTS_TASK = "Gather the host's facts (the service role reads systemd's version; local facts say what serves)"
 REPORT_TASK = "Write the report on the controller"
 RESTORE_TASK = "Serve again what the host served before the sweep, or the winner"
 APPLY_TASKS = ("Create the group's vars file with the winner",
@@ -212,7 +213,7 @@ class SweepProgress:
                 self.say(f"{host or 'controller'}: failed: {message}")
 
     def started(self, host: str, task: str) -> None:
-        if task == "Gather the host's facts (the service role reads systemd's version; local facts say what serves)":
+        if task == FACTS_TASK:
             self.reached_host = True
             self.host = host
             self.say(f"{host}: reading what it serves, planning the sweep")

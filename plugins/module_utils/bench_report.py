@@ -273,8 +273,14 @@ def write_plots(report, directory, stem):
                   if _number(r.get("max_concurrency")) is not None and _number(r.get(key)) is not None]
         return [x for x, _ in points], [y for _, y in points]
 
+    levels = sorted({r["max_concurrency"] for p in measured for r in p["results"]
+                     if _number(r.get("max_concurrency")) is not None})
+
     def axis(ax, ylabel):
         ax.set_xscale("log", base=2)
+        if levels:  # the ladder's own levels as ticks (1, 4, 16, ...), not powers of two
+            ax.set_xticks(levels, [str(c) for c in levels])
+            ax.minorticks_off()
         ax.set_xlabel("max concurrency (requests)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)

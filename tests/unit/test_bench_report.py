@@ -212,10 +212,10 @@ def test_cli_progress_follows_the_sweeps_events():
     def event(kind, task, host="itest-1", **res):
         progress({"event": kind, "event_data": {"task": task, "host": host, "res": res}})
 
-    event("runner_on_start", "Sweep: serve profile 1 of 2: pp8")
+    event("runner_on_start", "Sweep: note the start of profile 1 of 2: pp8")
     event("runner_on_ok", "Sweep: record a profile that did not serve: pp8",
           ansible_facts={"__bench_error": "itest-1 does not serve pp8: outcome failed"})
-    event("runner_on_start", "Sweep: serve profile 2 of 2: tp2ep4")
+    event("runner_on_start", "Sweep: note the start of profile 2 of 2: tp2ep4")
     event("runner_on_start", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64")
     event("runner_item_on_ok", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64", rc=0, stdout=BLOCK,
           bench_concurrency=64, ansible_loop_var="bench_concurrency")
@@ -234,3 +234,21 @@ def test_cli_progress_follows_the_sweeps_events():
         "ConnectionRefusedError: [Errno 111]",
     ]
     assert progress.report == {"recommendation": {"throughput": "tp2ep4"}} and progress.reached_host
+
+
+def test_cli_progress_knows_the_playbooks_task_names():
+    """The task names SweepProgress follows are those of playbooks/bench.yml and tasks/bench_profile.yml."""
+    from moefleet.commands import bench
+
+    root = Path(__file__).resolve().parents[2] / "playbooks"
+    names = [line.split("name:", 1)[1].strip().strip('"') for path in (root / "bench.yml",
+                                                                        root / "tasks" / "bench_profile.yml")
+             for line in path.read_text().splitlines() if line.strip().startswith("- name:")]
+    rendered = [name.replace("{{ (bench_index + 1) ~ ' of ' ~ (bench_profiles | length) ~ ': ' ~ bench_profile }}",
+                             "2 of 3: ep8")
+                    .replace("{{ bench_profile ~ ' at ' ~ (bench_ladder | join(', ')) }}", "ep8 at 1, 64")
+                    .replace("{{ bench_profile }}", "ep8") for name in names]
+    for pattern in (bench.SERVE_TASK, bench.MEASURE_TASK, bench.NOT_SERVED_TASK):
+        assert any(pattern.match(name) for name in rendered), pattern.pattern
+    for name in (bench.REPORT_TASK, bench.RESTORE_TASK, bench.FACTS_TASK, *bench.APPLY_TASKS):
+        assert name in names, name
