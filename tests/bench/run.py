@@ -11,6 +11,11 @@
 (b) Rollout wall time on 1, 2, 4 and 8 fresh lab hosts and a no-change rerun on each, and (c) rollback
     time per fault class on one lab host; both need the lab and run when ``MOEFLEET_BENCH_ROLLOUT=1``
     (``make bench`` sets it).
+(d) The benchmark sweep's own timing (playbooks/bench.yml on one fresh lab host, every catalog profile that
+    fits, the default ladder, serve time scale 4): per profile the start (the sglang_service role), the
+    measurement (bench_serving at each concurrency) and the total, read from the report's JSON, with its
+    summary table; with the lab, when ``MOEFLEET_BENCH_ROLLOUT=1``. ``--sweep-report FILE`` prints the same
+    from a report an earlier sweep wrote, without the lab.
 """
 
 from __future__ import annotations
@@ -337,6 +342,51 @@ def rollout_bench() -> None:
         _lab("down", "--name", "bench", "--inventory", str(inventory))
 
 
+def sweep_table(report: dict) -> None:
+    """(d)'s table from a sweep's report (bench-<UTC>.json): per profile start, measure and total seconds."""
+    workload = report.get("workload") or {}
+    print(f"## (d) benchmark sweep timing (playbooks/bench.yml on {report.get('host')}: concurrency "
+          f"{', '.join(map(str, workload.get('ladder') or []))}, {workload.get('input_len')} in / "
+          f"{workload.get('output_len')} out)")
+    print(f"{'profile':<8} {'status':<7} {'start s':>8} {'measure s':>9} {'total s':>8}")
+    total = 0.0
+    for profile in report.get("profiles", []):
+        timing = profile.get("timing_s") or {}
+        total += float(timing.get("total") or 0)
+        print(f"{profile['profile']:<8} {profile['status']:<7} {timing.get('start', 0):>8.1f} "
+              f"{timing.get('measure', 0):>9.1f} {timing.get('total', 0):>8.1f}")
+    print(f"{'all':<16} {'':>8} {'':>9} {total:>8.1f}  "
+          f"(the run from {report.get('started')} to {report.get('finished')})")
+    print()
+
+
+def sweep_bench(report_file: Path | None = None) -> None:
+    """(d) The sweep on one fresh lab host: its report's timings and summary."""
+    if report_file is not None:
+        sweep_table(json.loads(report_file.read_text(encoding="utf-8")))
+        return
+    if os.environ.get("MOEFLEET_BENCH_ROLLOUT") != "1":
+        print("## (d) benchmark sweep timing: not part of this run (set MOEFLEET_BENCH_ROLLOUT=1)")
+        return
+    inventory = ROOT / ".lab" / "bench" / "hosts.yml"
+    reports = ROOT / ".lab" / "bench" / "reports"
+    try:
+        _fresh_lab(inventory, 1)
+        _playbook(inventory, "deploy.yml", "profile=tp2ep4")
+        extra = json.dumps({"bench_report_dir": str(reports), "bench_report_stem": "bench-make-bench",
+                            "bench_service_extra_env": {"SGLANG_SIM_SERVE_TIME_SCALE": "4"}})
+        seconds, rc = _playbook(inventory, "playbooks/bench.yml", extra)
+        report = reports / "bench-make-bench.json"
+        if rc != 0 or not report.is_file():
+            print(f"## (d) benchmark sweep: failed (rc {rc}) after {seconds:.0f} s; no report")
+            return
+        sweep_table(json.loads(report.read_text(encoding="utf-8")))
+        print(f"ansible-playbook wall time: {seconds:.1f} s (validation, the sweep, the report, the redeploy)\n")
+        print((reports / "bench-make-bench.md").read_text(encoding="utf-8"))
+    finally:
+        _lab("down", "--name", "bench", "--inventory", str(inventory))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -345,11 +395,17 @@ def main() -> int:
         default=int(os.environ.get("MOEFLEET_BENCH_RUNS", "20")),
         help="injected OOMs to time (default 20, or MOEFLEET_BENCH_RUNS)",
     )
+    parser.add_argument("--sweep-report", type=Path, metavar="FILE",
+                        help="print (d) from this sweep report (bench-<UTC>.json) only, without the lab")
     args = parser.parse_args()
+    if args.sweep_report is not None:
+        sweep_bench(args.sweep_report)
+        return 0
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     oom_latency_bench(args.runs)
     rollout_bench()
+    sweep_bench()
     return 0
 
 
