@@ -11,11 +11,11 @@
 (b) Rollout wall time on 1, 2, 4 and 8 fresh lab hosts and a no-change rerun on each, and (c) rollback
     time per fault class on one lab host; both need the lab and run when ``MOEFLEET_BENCH_ROLLOUT=1``
     (``make bench`` sets it).
-(d) The benchmark sweep's own timing (playbooks/bench.yml on one fresh lab host, every catalog profile that
-    fits, the default ladder, serve time scale 4): per profile the start (the sglang_service role), the
-    measurement (bench_serving at each concurrency) and the total, read from the report's JSON, with its
-    summary table; with the lab, when ``MOEFLEET_BENCH_ROLLOUT=1``. ``--sweep-report FILE`` prints the same
-    from a report an earlier sweep wrote, without the lab.
+(d) The benchmark sweep's own timing (playbooks/bench.yml on one fresh lab host, the field report's four
+    profiles tp8, pp8, ep8, tp2ep4, the default ladder, serve time scale 4): per profile the start (the
+    sglang_service role), the measurement (bench_serving at each concurrency) and the total, read from the
+    report's JSON, with its summary table; with the lab, when ``MOEFLEET_BENCH_ROLLOUT=1``.
+    ``--sweep-report FILE`` prints the same from a report an earlier sweep wrote, without the lab.
 """
 
 from __future__ import annotations
@@ -373,7 +373,8 @@ def sweep_bench(report_file: Path | None = None) -> None:
     try:
         _fresh_lab(inventory, 1)
         _playbook(inventory, "deploy.yml", "profile=tp2ep4")
-        extra = json.dumps({"bench_report_dir": str(reports), "bench_report_stem": "bench-make-bench",
+        extra = json.dumps({"profiles": ["tp8", "pp8", "ep8", "tp2ep4"],
+                            "bench_report_dir": str(reports), "bench_report_stem": "bench-make-bench",
                             "bench_service_extra_env": {"SGLANG_SIM_SERVE_TIME_SCALE": "4"}})
         seconds, rc = _playbook(inventory, "playbooks/bench.yml", extra)
         report = reports / "bench-make-bench.json"
