@@ -75,7 +75,26 @@ def playbook_path(name: str) -> Path:
     return path
 
 
-def inventory_path(inventory: str | Path) -> Path:
+def default_inventory() -> Path | None:
+    """The inventory ansible.cfg names (the clone's: the lab), resolved against the collection's root."""
+    if collection.ANSIBLE_CFG is None:
+        return None
+    import configparser
+
+    config = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";",))
+    try:
+        config.read(collection.ANSIBLE_CFG, encoding="utf-8")
+        value = config.get("defaults", "inventory", fallback="").split(",")[0].strip()
+    except configparser.Error:
+        return None
+    return (collection.ROOT / value).resolve() if value else None
+
+
+def inventory_path(inventory: str | Path | None) -> Path:
+    if inventory is None:
+        inventory = default_inventory()
+        if inventory is None:
+            raise BadInput("No inventory given and ansible.cfg names none: pass -i with a file or directory.")
     path = Path(inventory).expanduser().resolve()
     if not path.exists():
         raise BadInput(f"The inventory {inventory} does not exist: pass -i with a file or directory that does.")
@@ -96,6 +115,7 @@ def run_playbook(
     extravars: Mapping[str, Any] | None = None,
     on_event: EventHandler | None = None,
     notice: Callable[[str], None] = print,
+    limit: str | None = None,
 ) -> RunResult:
     """Run playbooks/<name> on the inventory and return how it ended; BadInput before anything runs."""
     import ansible_runner
@@ -125,6 +145,7 @@ def run_playbook(
                 project_dir=str(collection.ROOT),
                 playbook=str(playbook),
                 inventory=str(hosts),
+                limit=limit,
                 extravars=dict(extravars or {}),
                 envvars=envvars,
                 event_handler=handle,
@@ -141,3 +162,66 @@ def run_playbook(
             hard_stopped=interrupt.hard,
             stats=runner.stats,
         )
+
+
+@dataclass
+class AdhocResult:
+    """Per host, the module's result (``ok``) or why it did not run there (``unreachable``, ``failed``)."""
+
+    ok: dict[str, dict[str, Any]]
+    unreachable: dict[str, str]
+    failed: dict[str, str]
+    status: str
+    rc: int | None
+
+
+def run_adhoc(
+    module: str,
+    module_args: str,
+    inventory: str | Path,
+    pattern: str,
+    limit: str | None = None,
+    extravars: Mapping[str, Any] | None = None,
+) -> AdhocResult:
+    """Run one read-only module on ``pattern`` (``ansible PATTERN -m MODULE -a ARGS``) through ansible-runner,
+    with the same configuration, collection and environment as run_playbook; BadInput before anything runs."""
+    import ansible_runner
+
+    hosts = inventory_path(inventory)
+    path = search_path()
+    ok: dict[str, dict[str, Any]] = {}
+    unreachable: dict[str, str] = {}
+    failed: dict[str, str] = {}
+
+    def handle(event: dict[str, Any]) -> bool:
+        data = event.get("event_data") or {}
+        host, res = data.get("host"), data.get("res") if isinstance(data.get("res"), dict) else {}
+        if not host:
+            return True
+        if event.get("event") == "runner_on_ok":
+            ok[host] = res
+        elif event.get("event") == "runner_on_unreachable":
+            unreachable[host] = " ".join(str(res.get("msg", "")).split())
+        elif event.get("event") == "runner_on_failed":
+            failed[host] = " ".join(str(res.get("msg", "")).split())
+        return True
+
+    envvars = {"PATH": path}
+    if collection.ANSIBLE_CFG is not None:
+        envvars["ANSIBLE_CONFIG"] = str(collection.ANSIBLE_CFG)
+    with tempfile.TemporaryDirectory(prefix="moefleet-run-") as data_dir:
+        result = ansible_runner.run(
+            private_data_dir=data_dir,
+            project_dir=str(collection.ROOT),
+            module=module,
+            module_args=module_args,
+            host_pattern=pattern,
+            inventory=str(hosts),
+            limit=limit,
+            extravars=dict(extravars or {}),
+            envvars=envvars,
+            event_handler=handle,
+            settings={"suppress_ansible_output": True},
+            quiet=True,
+        )
+    return AdhocResult(ok, unreachable, failed, result.status, result.rc)

@@ -35,11 +35,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "that does not serve the asked profile stops the rollout. Prints one line per host state change, "
             "then the report. Ctrl-C stops after the running task (a host's started rollback or restore first "
             "runs to its end), a second Ctrl-C at once. Exit 0 when every "
-            "host serves the asked profile, 1 when the rollout stopped or a host did not, 2 on bad input, "
+            "host serves the asked profile (with --check: when the plan could be made), 1 when the rollout "
+            "stopped, a host did not serve it or the restart was refused at confirmation, 2 on bad input, "
             "130 on Ctrl-C."
         ),
     )
-    parser.add_argument("-i", "--inventory", required=True, metavar="INVENTORY", help="inventory file or directory")
+    parser.add_argument(
+        "-i", "--inventory", metavar="INVENTORY", help="inventory file or directory (default: ansible.cfg's)"
+    )
+    parser.add_argument(
+        "-l", "--limit", metavar="PATTERN", help="only these hosts (Ansible's --limit pattern; the controller is added)"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="print the batches (canary first) and what would change on each host, touching nothing: the batches "
+        "come from moefleet_serial (playbooks/rollout.yml's, or -e) and the inventory's order, as Ansible cuts "
+        "them; what each host serves from its local facts (read-only fact gathering)",
+    )
+    parser.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="restart hosts that serve another profile without asking (the same as -e confirm=yes); on a "
+        "terminal the rollout otherwise asks y/N, listing them, and elsewhere refuses",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the report (or with --check the plan) as JSON on stdout"
+    )
     parser.add_argument(
         "-e",
         "--extra-vars",
@@ -172,13 +195,34 @@ def exit_code(report: dict[str, Any]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
         extravars = parse_extra_vars(args.extra_vars)
+        confirmed = args.yes or str(extravars.get("confirm", "no")).lower() in ("yes", "true", "1")
+        if args.check or not confirmed:
+            plan = plan_rollout(args.inventory, extravars, args.limit)
+        if args.check:
+            print(json.dumps(plan, indent=2) if args.json else render_plan(plan))
+            return EXIT_OK
         base = report_base(args.report)
+        if not confirmed and plan["restart"]:
+            if not ask(plan):
+                write_refusal_report(base, plan)
+                print(
+                    f"moefleet rollout: refused at confirmation; nothing changed. {restart_sentence(plan)} Rerun "
+                    "with --yes (or -e confirm=yes) to restart them.",
+                    file=sys.stderr,
+                )
+                say(f"Report: {base}.json and {base.name}.md")
+                return EXIT_NOT_DONE
+            extravars["confirm"] = "yes"
+        elif args.yes:
+            extravars["confirm"] = "yes"
         extravars["moefleet_report_path"] = str(base)
-        progress = Progress()
+        progress = Progress(out=sys.stderr if args.json else None)
         outcome = runner.run_playbook(
-            "rollout.yml", args.inventory, extravars, on_event=progress, notice=lambda m: print(m, file=sys.stderr)
+            "rollout.yml", args.inventory, extravars, on_event=progress, notice=lambda m: print(m, file=sys.stderr),
+            limit=f"{args.limit},localhost" if args.limit else None,
         )
     except runner.BadInput as exc:
         print(f"moefleet rollout: {exc}", file=sys.stderr)
@@ -186,6 +230,11 @@ def run(args: argparse.Namespace) -> int:
     report = read_report(base)
     reached = report is not None and any(row.get("outcome") != "untouched" for row in report.get("hosts", []))
     if progress.input_error and not reached and not outcome.interrupted:
+        if progress.input_error.startswith(CONFIRMATION_REFUSAL) and report is not None:
+            # the playbook's own confirmation (the hosts' facts changed since the plan): the report says so
+            mark_refused(base, report, progress.input_error)
+            print(f"moefleet rollout: refused at confirmation; {progress.input_error}", file=sys.stderr)
+            return EXIT_NOT_DONE
         print(f"moefleet rollout: {progress.input_error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if report is None:
@@ -197,7 +246,218 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED if outcome.interrupted else EXIT_NOT_DONE
-    with contextlib.suppress(OSError):
-        print("\n" + base.with_name(base.name + ".md").read_text(encoding="utf-8").rstrip())
-    print(f"\nReport: {base}.json and {base.name}.md")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        with contextlib.suppress(OSError):
+            print("\n" + base.with_name(base.name + ".md").read_text(encoding="utf-8").rstrip())
+    say(f"\nReport: {base}.json and {base.name}.md")
     return EXIT_INTERRUPTED if outcome.interrupted else exit_code(report)
+
+
+# --- the plan: batches and what changes (--check, and the confirmation) ------------------------------------
+
+# playbooks/rollout.yml's assert message starts so (its confirmation when hosts serve another profile).
+CONFIRMATION_REFUSAL = "These hosts serve another profile"
+GROUP = "blackwell"
+
+
+def rollout_serial(extravars: dict[str, Any]) -> list[Any]:
+    """moefleet_serial as the rollout uses it: -e, else the value playbooks/rollout.yml sets (play vars win
+    over inventory)."""
+    if "moefleet_serial" in extravars:
+        serial = extravars["moefleet_serial"]
+    else:
+        import yaml
+
+        plays = yaml.safe_load(runner.playbook_path("rollout.yml").read_text(encoding="utf-8"))
+        serial = next(
+            (p["vars"]["moefleet_serial"] for p in plays if "moefleet_serial" in (p.get("vars") or {})), [0]
+        )
+    serial = serial if isinstance(serial, list) else [serial]
+    for value in serial:
+        text = str(value)
+        if not re.fullmatch(r"\d+%?", text) or (text.endswith("%") and not 0 < int(text[:-1]) <= 100):
+            raise runner.BadInput(
+                f"moefleet_serial item {value!r} is not a batch size; give whole numbers or percentages, "
+                "e.g. -e '{\"moefleet_serial\": [1, 2, \"100%\"]}'."
+            )
+    return serial
+
+
+def batches(hosts: list[str], serial: list[Any]) -> list[list[str]]:
+    """The hosts cut into batches as Ansible's playbook executor cuts a play with this serial list (its own
+    pct_to_int; the last size repeats; 0 means all at once)."""
+    from ansible.utils.helpers import pct_to_int
+
+    left, out, item = list(hosts), [], 0
+    serial = serial or [-1]
+    while left:
+        size = pct_to_int(serial[item], len(hosts))
+        if size <= 0:
+            out.append(left)
+            break
+        out.append(left[:size])
+        left = left[size:]
+        item = min(item + 1, len(serial) - 1)
+    return out
+
+
+def plan_rollout(inventory: str | None, extravars: dict[str, Any], limit: str | None) -> dict[str, Any]:
+    """Which hosts, in which batch, and what would change on each: two read-only ad-hoc runs through the
+    same runner (the hosts' asked profile and play order; their local facts)."""
+    asked_expr = "profile" if "profile" in extravars else "sglang_profile | default(none)"
+    looked = runner.run_adhoc(
+        "ansible.builtin.debug",
+        "msg={{ {'asked': " + asked_expr + ", 'order': ansible_play_hosts_all, "
+        "'routers': groups['routers'] | default([]), 'max_unavailable': moefleet_max_unavailable | default(1)} }}",
+        inventory, GROUP, limit, extravars,
+    )
+    if looked.failed:
+        raise runner.BadInput(f"Cannot plan the rollout: {next(iter(looked.failed.values()))}")
+    if not looked.ok:
+        return {"inventory": str(runner.inventory_path(inventory)), "limit": limit, "serial": [],
+                "behind_routers": False, "batches": 0, "hosts": [], "restart": [], "touched": False}
+    first = next(iter(looked.ok.values()))["msg"]
+    order = list(first["order"])
+    facts = runner.run_adhoc(
+        "ansible.builtin.setup", "filter=ansible_local gather_subset=!all,!min,local", inventory, GROUP, limit
+    )
+    behind_routers = bool(first["routers"])
+    serial = [int(first["max_unavailable"])] if behind_routers else rollout_serial(extravars)
+    rows, restart = [], []
+    for number, batch in enumerate(batches(order, serial), start=1):
+        for host in batch:
+            asked = looked.ok[host]["msg"]["asked"]
+            local = ((facts.ok.get(host) or {}).get("ansible_facts") or {}).get("ansible_local") or {}
+            state = local.get("moefleet") if isinstance(local.get("moefleet"), dict) else None
+            serving = state.get("serving_profile") if state else None
+            if host in facts.unreachable:
+                change = f"unreachable now ({facts.unreachable[host]})"
+            elif asked is None:
+                change = "no profile asked: set sglang_profile for the host, or pass -e profile=NAME"
+            elif state is None:
+                change = f"install and start {asked} (no moefleet facts: a new host)"
+            elif serving == asked:
+                change = (
+                    f"keeps {asked} (restarts only if its flags, NCCL set, environment or model path changed, "
+                    "or with -e sglang_service_retry=true)"
+                )
+            elif serving is None:
+                change = f"start {asked} (serves nothing now, outcome {state.get('outcome')})"
+            else:
+                change = f"restart: serves {serving}, asked {asked}"
+                restart.append(host)
+            rows.append({"host": host, "batch": number, "canary": number == 1 and len(batch) == 1,
+                         "asked_profile": asked, "serving_profile": serving, "change": change})
+    return {
+        "inventory": str(runner.inventory_path(inventory)),
+        "limit": limit,
+        "serial": serial,
+        "behind_routers": behind_routers,
+        "batches": len({row["batch"] for row in rows}),
+        "hosts": rows,
+        "restart": restart,
+        "touched": False,
+    }
+
+
+def render_plan(plan: dict[str, Any]) -> str:
+    how = (
+        f"behind routers, {plan['serial'][0]} host(s) at a time" if plan["behind_routers"]
+        else f"serial {json.dumps(plan['serial'])}"
+    )
+    lines = [f"Rollout plan ({how}; nothing was changed):"]
+    if not plan["hosts"]:
+        where = f" with --limit {plan['limit']}" if plan["limit"] else ""
+        lines.append(f"  no host of group {GROUP} in {plan['inventory']}{where}: nothing would change.")
+    for number in range(1, plan["batches"] + 1):
+        rows = [row for row in plan["hosts"] if row["batch"] == number]
+        label = "canary" if rows and rows[0]["canary"] else f"batch {number}"
+        lines.append(f"{label}:")
+        width = max(len(row["host"]) for row in rows)
+        lines += [f"  {row['host']:<{width}}  {row['change']}" for row in rows]
+    if plan["restart"]:
+        lines.append(f"{restart_sentence(plan)} The rollout asks before restarting them (--yes: without asking).")
+    return "\n".join(lines)
+
+
+def restart_sentence(plan: dict[str, Any]) -> str:
+    hosts = ", ".join(
+        f"{row['host']} ({row['serving_profile']} -> {row['asked_profile']})"
+        for row in plan["hosts"] if row["host"] in plan["restart"]
+    )
+    return f"These hosts serve another profile and would restart: {hosts}."
+
+
+def ask(plan: dict[str, Any], stdin: TextIO | None = None, stderr: TextIO | None = None) -> bool:
+    """On a terminal, y/N listing the hosts that would restart; elsewhere no (a script passes --yes)."""
+    stdin, stderr = stdin or sys.stdin, stderr or sys.stderr
+    if not (stdin.isatty() and stderr.isatty()):
+        return False
+    print(restart_sentence(plan), file=stderr)
+    print("Restart them? [y/N] ", end="", file=stderr, flush=True)
+    try:
+        answer = stdin.readline()
+    except KeyboardInterrupt:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _refusal_markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Rollout report: {report.get('asked_profile') or 'each host profile'}",
+        "",
+        f"- Result: **{report.get('result')}** ({report.get('stopped_by')})",
+        f"- Started: {report.get('started')}; ended: {report.get('ended')} ({report.get('seconds')} s)",
+        f"- Playbook: {report.get('playbook')}",
+        "",
+        "| host | asked | serving | outcome |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row['host']} | {row.get('asked_profile') or '-'} | {row.get('serving_profile') or '-'} "
+        f"| {row.get('message') or row.get('outcome')} |"
+        for row in report["hosts"]
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _write_report(base: Path, report: dict[str, Any]) -> None:
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.with_name(base.name + ".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    base.with_name(base.name + ".md").write_text(_refusal_markdown(report), encoding="utf-8")
+
+
+def write_refusal_report(base: Path, plan: dict[str, Any]) -> None:
+    """The report of a rollout refused at confirmation (schemas/rollout_report.schema.json): no host touched."""
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    asked = {row["asked_profile"] for row in plan["hosts"]}
+    report = {
+        "playbook": "rollout.yml",
+        "asked_profile": asked.pop() if len(asked) == 1 else None,
+        "started": now,
+        "ended": now,
+        "seconds": 0,
+        "result": "stopped",
+        "stopped_by": "refused at confirmation: " + ", ".join(plan["restart"]),
+        "hosts": [
+            {
+                "host": row["host"], "asked_profile": row["asked_profile"], "serving_profile": row["serving_profile"],
+                "outcome": "untouched", "ooms": 0, "seconds": None, "started": None, "ended": None,
+                "message": "refused at confirmation (would restart)" if row["host"] in plan["restart"]
+                else f"refused at confirmation (batch {row['batch']} not started)",
+            }
+            for row in plan["hosts"]
+        ],
+    }
+    _write_report(base, report)
+
+
+def mark_refused(base: Path, report: dict[str, Any], message: str) -> None:
+    """The callback's report of a run the playbook's confirmation stopped, saying so instead of 'never reached'."""
+    report["stopped_by"] = "refused at confirmation"
+    for row in report.get("hosts", []):
+        if row.get("outcome") == "untouched":
+            row["message"] = "refused at confirmation: " + message
+    _write_report(base, report)

@@ -13,6 +13,12 @@ from moefleet import cli, collection, runner
 from moefleet.commands import rollout, status
 
 
+@pytest.fixture(autouse=True)
+def no_hosts_to_confirm(monkeypatch):
+    """rollout looks at the hosts before asking to restart them (runner.run_adhoc): none here unless a test says."""
+    monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({}))
+
+
 @pytest.fixture
 def inventory(tmp_path: Path) -> Path:
     path = tmp_path / "hosts.yml"
@@ -38,9 +44,10 @@ class FakeRun:
         self.result = result or runner.RunResult(status="successful", rc=0)
         self.calls: list[tuple] = []
 
-    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print):
+    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None):
         runner.inventory_path(inventory)
         self.calls.append((name, inventory, dict(extravars or {})))
+        self.limits = [*getattr(self, "limits", []), limit]
         for item in self.events:
             on_event(item)
         if self.report is not None and "moefleet_report_path" in (extravars or {}):
@@ -77,10 +84,16 @@ def test_bad_extra_vars_are_bad_input(value):
         rollout.parse_extra_vars([value])
 
 
-def test_rollout_requires_an_inventory(capsys):
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["rollout", "-e", "profile=ep8"])
-    assert exc.value.code == 2
+def test_rollout_inventory_defaults_to_ansible_cfgs(monkeypatch, capsys):
+    fake = FakeRun(report={"result": "complete", "hosts": []})
+    monkeypatch.setattr(runner, "run_playbook", fake)
+    monkeypatch.setattr(runner, "default_inventory", lambda: collection.ROOT / "inventory" / "sim" / "group_vars")
+    cli.main(["rollout", "-e", "profile=ep8", "--yes", "--report", "/tmp/moefleet-test-default-inventory"])
+    assert fake.calls[0][1] is None  # the runner resolves it: ansible.cfg's inventory
+
+
+def test_default_inventory_is_the_one_ansible_cfg_names():
+    assert runner.default_inventory() == collection.ROOT / "inventory" / "sim" / "hosts.yml"
 
 
 # -- progress ------------------------------------------------------------------------------------------
@@ -326,3 +339,180 @@ def test_run_playbook_passes_what_ansible_runner_needs(monkeypatch, inventory):
     assert seen["envvars"]["ANSIBLE_CONFIG"] == str(collection.ROOT / "ansible.cfg")
     assert seen["envvars"]["ANSIBLE_CALLBACKS_ENABLED"] == "moefleet.serving.moefleet_report"
     assert not Path(seen["private_data_dir"]).exists()  # a fresh one per run, removed afterwards
+
+
+# -- rollout --check, --limit, --json and the confirmation (issue 15) ----------------------------------------
+
+
+class FakeAdhoc:
+    """Stands in for runner.run_adhoc: the hosts' asked profile and order (debug), their local facts (setup)."""
+
+    def __init__(self, serving: dict[str, str | None], asked: str = "ep8", unreachable=(), routers=()):
+        self.serving, self.asked, self.unreachable, self.routers = serving, asked, set(unreachable), list(routers)
+        self.calls: list[tuple] = []
+
+    def __call__(self, module, module_args, inventory, pattern, limit=None, extravars=None):
+        runner.inventory_path(inventory)
+        self.calls.append((module, pattern, limit))
+        hosts = [h for h in self.serving if limit is None or h in limit.split(",")]
+        if module.endswith("debug"):
+            msg = {"order": hosts, "routers": self.routers, "max_unavailable": 1}
+            looked = {h: {"msg": {"asked": self.asked, **msg}} for h in hosts}
+            return runner.AdhocResult(looked, {}, {}, "successful", 0)
+        ok = {}
+        for h in hosts:
+            local = {} if self.serving[h] == "new" else {"moefleet": {"serving_profile": self.serving[h]}}
+            if h not in self.unreachable:
+                ok[h] = {"ansible_facts": {"ansible_local": local}}
+        gone = {h: "ssh: connect to host refused" for h in hosts if h in self.unreachable}
+        return runner.AdhocResult(ok, gone, {}, "successful", 0)
+
+
+@pytest.fixture
+def fleet(monkeypatch):
+    """Four hosts: lab-1 and lab-3 serve ep8 (asked), lab-2 serves tp8, lab-4 is new."""
+    adhoc = FakeAdhoc({"lab-1": "ep8", "lab-2": "tp8", "lab-3": "ep8", "lab-4": "new"})
+    monkeypatch.setattr(runner, "run_adhoc", adhoc)
+    run = FakeRun(report={"result": "complete", "hosts": [host_row(h, "ready") for h in adhoc.serving]})
+    monkeypatch.setattr(runner, "run_playbook", run)
+    return adhoc, run
+
+
+def test_batches_are_cut_as_ansibles_executor_cuts_serial():
+    hosts = [f"h{i}" for i in range(10)]
+    assert rollout.batches(hosts, [1, "25%", "100%"]) == [["h0"], ["h1", "h2"], hosts[3:]]
+    assert rollout.batches(hosts[:5], [1, 2]) == [["h0"], ["h1", "h2"], ["h3", "h4"]]
+    assert rollout.batches(hosts[:3], [0]) == [hosts[:3]]
+    assert rollout.batches(hosts[:3], ["10%"]) == [["h0"], ["h1"], ["h2"]]  # at least one host a batch
+
+
+def test_check_prints_batches_canary_first_and_what_changes_touching_nothing(fleet, inventory, capsys):
+    adhoc, run = fleet
+    code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--check"])
+    out = capsys.readouterr().out
+    assert code == 0 and run.calls == []
+    assert [module for module, _, _ in adhoc.calls] == ["ansible.builtin.debug", "ansible.builtin.setup"]
+    lines = out.splitlines()
+    assert lines[0] == 'Rollout plan (serial [1, "25%", "100%"]; nothing was changed):'
+    assert lines[1] == "canary:" and lines[2].split()[:2] == ["lab-1", "keeps"]
+    assert lines[3] == "batch 2:" and "lab-2  restart: serves tp8, asked ep8" in lines[4]
+    assert lines[5] == "batch 3:" and "lab-4  install and start ep8" in out
+    assert "These hosts serve another profile and would restart: lab-2 (tp8 -> ep8)." in out
+
+
+def test_check_json_and_limit(fleet, inventory, capsys):
+    adhoc, run = fleet
+    code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--check", "--json", "-l", "lab-2,lab-3"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and run.calls == []
+    assert {call[2] for call in adhoc.calls} == {"lab-2,lab-3"}
+    assert [(row["host"], row["batch"], row["canary"]) for row in plan["hosts"]] == [
+        ("lab-2", 1, True), ("lab-3", 2, False)]
+    assert plan["restart"] == ["lab-2"] and plan["touched"] is False
+
+
+def test_check_says_unreachable_hosts(monkeypatch, inventory, capsys):
+    monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({"lab-1": "ep8", "lab-2": "tp8"}, unreachable={"lab-2"}))
+    cli.main(["rollout", "-i", str(inventory), "--check"])
+    out = capsys.readouterr().out
+    assert "lab-2  unreachable now (ssh: connect to host refused)" in out and "would restart" not in out
+
+
+def test_refused_at_confirmation_without_a_terminal_names_the_right_hosts(fleet, inventory, tmp_path, capsys):
+    _, run = fleet
+    code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--report", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 1 and run.calls == []  # nothing ran
+    assert "refused at confirmation; nothing changed. These hosts serve another profile and would restart: " \
+        "lab-2 (tp8 -> ep8). Rerun with --yes (or -e confirm=yes)" in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(report, json.loads((collection.ROOT / "schemas" / "rollout_report.schema.json").read_text()))
+    assert report["stopped_by"] == "refused at confirmation: lab-2"
+    messages = {row["host"]: row["message"] for row in report["hosts"]}
+    assert messages["lab-2"] == "refused at confirmation (would restart)"
+    assert messages["lab-4"] == "refused at confirmation (batch 3 not started)"
+    markdown = (tmp_path / "r.md").read_text()
+    assert "refused at confirmation" in markdown and "never reached" not in markdown
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("answer", "confirmed"), [("y\n", True), ("yes\n", True), ("\n", False), ("n\n", False)])
+def test_the_prompt_on_a_terminal_lists_the_hosts_that_would_restart(fleet, inventory, tmp_path, monkeypatch,
+                                                                     capsys, answer, confirmed):
+    _, run = fleet
+    monkeypatch.setattr("sys.stdin", Terminal(answer))
+    monkeypatch.setattr("sys.stderr", Terminal())
+    code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--report", str(tmp_path / "r")])
+    prompt = __import__("sys").stderr.getvalue()
+    assert "would restart: lab-2 (tp8 -> ep8).\nRestart them? [y/N] " in prompt
+    if confirmed:
+        assert code == 0 and run.calls[0][2]["confirm"] == "yes"
+    else:
+        assert code == 1 and run.calls == [] and "refused at confirmation" in prompt
+
+
+def test_yes_or_confirm_skips_the_question_and_the_look(fleet, inventory, tmp_path):
+    adhoc, run = fleet
+    assert cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--yes",
+                     "--report", str(tmp_path / "a")]) == 0
+    assert cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8 confirm=yes",
+                     "--report", str(tmp_path / "b")]) == 0
+    assert adhoc.calls == [] and [call[2]["confirm"] for call in run.calls] == ["yes", "yes"]
+
+
+def test_limit_reaches_the_playbook_with_the_controller(fleet, inventory, tmp_path):
+    _, run = fleet
+    cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--yes", "-l", "lab-1",
+              "--report", str(tmp_path / "r")])
+    assert run.limits == ["lab-1,localhost"]
+
+
+def test_json_prints_the_report_on_stdout_and_progress_elsewhere(fleet, inventory, tmp_path, capsys):
+    code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--yes", "--json",
+                     "--report", str(tmp_path / "r")])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert json.loads(captured.out)["result"] == "complete"
+    assert "Report:" in captured.err
+
+
+def test_the_playbooks_own_refusal_is_reported_as_refused_not_never_reached(monkeypatch, inventory, tmp_path, capsys):
+    monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({"lab-1": "ep8"}))  # the plan saw nothing to confirm
+    message = "These hosts serve another profile and would be restarted: lab-1. Rerun with -e confirm=yes ..."
+    events = [event("runner_on_failed", "lab-1", "Require -e confirm=yes", res={"msg": message})]
+    report = {"result": "stopped", "stopped_by": None, "hosts": [host_row("lab-1", "untouched", "tp8")]}
+    monkeypatch.setattr(runner, "run_playbook", FakeRun(events, report, runner.RunResult("failed", 2)))
+    code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--report", str(tmp_path / "r")])
+    assert code == 1
+    assert "refused at confirmation; These hosts serve another profile" in capsys.readouterr().err
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["stopped_by"] == "refused at confirmation"
+    assert saved["hosts"][0]["message"].startswith("refused at confirmation")
+    assert "never reached" not in (tmp_path / "r.md").read_text()
+
+
+def test_run_adhoc_runs_one_module_with_the_rollouts_configuration(monkeypatch, inventory):
+    import ansible_runner
+
+    seen: dict = {}
+
+    def fake_run(**kwargs):
+        seen.update(kwargs)
+        for item in (event("runner_on_ok", "lab-1", res={"msg": 1}), event("runner_on_unreachable", "lab-2",
+                     res={"msg": "no  route"}), event("runner_on_failed", "lab-3", res={"msg": "bad"})):
+            kwargs["event_handler"](item)
+        return type("R", (), {"status": "failed", "rc": 4})()
+
+    monkeypatch.setattr(ansible_runner, "run", fake_run)
+    result = runner.run_adhoc("ansible.builtin.setup", "filter=ansible_local", inventory, "blackwell", "lab-1",
+                              {"a": 1})
+    assert result == runner.AdhocResult({"lab-1": {"msg": 1}}, {"lab-2": "no route"}, {"lab-3": "bad"}, "failed", 4)
+    assert (seen["module"], seen["module_args"], seen["host_pattern"], seen["limit"]) == (
+        "ansible.builtin.setup", "filter=ansible_local", "blackwell", "lab-1")
+    assert seen["inventory"] == str(inventory.resolve()) and seen["extravars"] == {"a": 1}
+    assert seen["envvars"]["ANSIBLE_CONFIG"] == str(collection.ROOT / "ansible.cfg")
