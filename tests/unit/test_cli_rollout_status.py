@@ -12,6 +12,8 @@ import pytest
 from moefleet import cli, collection, runner
 from moefleet.commands import rollout, status
 
+REAL_RUN_ADHOC = runner.run_adhoc  # the autouse fixture below stands in for it in every other test
+
 
 @pytest.fixture(autouse=True)
 def no_hosts_to_confirm(monkeypatch):
@@ -509,8 +511,8 @@ def test_run_adhoc_runs_one_module_with_the_rollouts_configuration(monkeypatch, 
         return type("R", (), {"status": "failed", "rc": 4})()
 
     monkeypatch.setattr(ansible_runner, "run", fake_run)
-    result = runner.run_adhoc("ansible.builtin.setup", "filter=ansible_local", inventory, "blackwell", "lab-1",
-                              {"a": 1})
+    result = REAL_RUN_ADHOC("ansible.builtin.setup", "filter=ansible_local", inventory, "blackwell", "lab-1",
+                            {"a": 1})
     assert result == runner.AdhocResult({"lab-1": {"msg": 1}}, {"lab-2": "no route"}, {"lab-3": "bad"}, "failed", 4)
     assert (seen["module"], seen["module_args"], seen["host_pattern"], seen["limit"]) == (
         "ansible.builtin.setup", "filter=ansible_local", "blackwell", "lab-1")
