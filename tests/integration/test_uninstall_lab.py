@@ -1,0 +1,100 @@
+"""playbooks/uninstall.yml on one lab host (itest-2 of the lab_inventory fixture): --check changes nothing and
+says what it would remove, a run without -e confirm=yes is refused naming the host, and the confirmed run
+leaves no unit, drop-in, state, facts, hooks, venv or service user, and keeps the model.
+
+Runs last among this directory's lab tests (file order), on the host the rollout and secrets tests leave
+serving; alone, it deploys tp8 there first. It leaves itest-2 uninstalled: no later test uses the fixture's
+hosts, and the fixture removes the lab at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+HOST = "itest-2"
+MODEL = "/srv/models/Kimi-K2.6"  # inventory/sim/group_vars/all.yml: sglang_model_path
+REMOVED = [
+    "/etc/systemd/system/sglang.service",
+    "/etc/systemd/system/sglang.service.d/moefleet-serving.conf",
+    "/etc/sglang/credentials/sglang-secrets.yaml",
+    "/etc/sglang/sglang.env",
+    "/var/lib/moefleet",
+    "/etc/ansible/facts.d/moefleet.fact",
+    "/usr/local/libexec/moefleet/sglang-runtime-exit",
+    "/usr/local/lib/moefleet/sglang_log.py",
+    "/opt/sglang/venv/bin/python",
+    "/var/lib/sglang",
+]
+# What the snapshot reads on the host: each path's presence, size and mtime, the unit's state, the user.
+SNAPSHOT = (
+    "for p in " + " ".join([*REMOVED, f"{MODEL}/config.json"]) + "; do "
+    "if test -e $p; then echo \"present $p $(stat -c '%s %Y' $p)\"; else echo \"absent $p\"; fi; done; "
+    "ls /etc/systemd/system | grep -c '^sglang.service' || true; "
+    "systemctl is-active sglang.service || true; "
+    "getent passwd sglang >/dev/null && echo 'user sglang' || echo 'no user sglang'; "
+    "getent group sglang >/dev/null && echo 'group sglang' || echo 'no group sglang'"
+)
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{VENV_BIN}:{os.environ['PATH']}",
+                ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+
+
+def playbook(inventory: Path, book: str, *args: str, limit: str = HOST) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [VENV_BIN / "ansible-playbook", "-i", inventory, "--limit", limit, ROOT / book, *args],
+        cwd=ROOT, env=env(), text=True, capture_output=True, timeout=900)
+    print(result.stdout[-6000:], result.stderr[-3000:])  # shown when a test fails
+    return result
+
+
+def on_host(inventory: Path, command: str) -> str:
+    ssh_config = inventory.parent / "ssh_config"
+    result = subprocess.run(["ssh", "-F", ssh_config, HOST, command], text=True, capture_output=True, timeout=120)
+    return result.stdout + result.stderr
+
+
+def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory):
+    if on_host(lab_inventory, "systemctl is-active sglang.service").strip() != "active":
+        deployed = playbook(lab_inventory, "deploy.yml", "-e", "profile=tp8", limit=f"{HOST},localhost")
+        assert deployed.returncode == 0, "the deploy before the uninstall failed"
+    before = on_host(lab_inventory, SNAPSHOT)
+    assert f"present {REMOVED[0]}" in before and "\nactive\n" in before and "user sglang" in before, before
+
+    checked = playbook(lab_inventory, "playbooks/uninstall.yml", "--check")
+    said = " ".join(checked.stdout.split())  # the YAML callback folds long messages
+    assert checked.returncode == 0
+    assert f"Would remove from {HOST}:" in said
+    for path in ("/etc/systemd/system/sglang.service,", "/var/lib/moefleet,", "/opt/sglang/venv,", "user sglang"):
+        assert path in said, path
+    assert f"Kept: {MODEL} (the model; -e remove_model=yes removes it)" in said
+    assert on_host(lab_inventory, SNAPSHOT) == before  # check mode touched nothing
+
+    refused = playbook(lab_inventory, "playbooks/uninstall.yml")
+    assert refused.returncode != 0
+    assert f"the service user from {HOST}. Rerun with -e confirm=yes" in " ".join(refused.stdout.split())
+    assert on_host(lab_inventory, SNAPSHOT) == before
+
+    removed = playbook(lab_inventory, "playbooks/uninstall.yml", "-e", "confirm=yes")
+    assert removed.returncode == 0
+    after = on_host(lab_inventory, SNAPSHOT)
+    for path in REMOVED:
+        assert f"absent {path}" in after, path
+    assert f"present {MODEL}/config.json" in after
+    assert "no user sglang" in after and "no group sglang" in after
+    assert "\n0\n" in after  # no sglang.service* left in /etc/systemd/system (backups included)
+    assert on_host(lab_inventory, "systemctl cat sglang.service >/dev/null 2>&1 && echo known || echo unknown"
+                   ).strip() == "unknown"
+
+    again = playbook(lab_inventory, "playbooks/uninstall.yml", "-e", "confirm=yes")
+    assert again.returncode == 0 and "nothing (already removed)" in " ".join(again.stdout.split())
