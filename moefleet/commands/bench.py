@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import contextlib
+import difflib
 import json
 import re
 import sys
@@ -254,8 +255,13 @@ class SweepProgress:
         elif task in APPLY_TASKS and result.get("changed"):
             diff = result.get("diff")
             for one in diff if isinstance(diff, list) else [diff] if diff else []:
-                self.diffs.append(f"--- {one.get('before_header', '')}\n+++ {one.get('after_header', '')}\n"
-                                  f"{one.get('before', '')!s}=>\n{one.get('after', '')!s}")
+                before, after = str(one.get("before") or ""), str(one.get("after") or "")
+                if before == after:
+                    continue
+                self.diffs.append("".join(difflib.unified_diff(
+                    before.splitlines(keepends=True), after.splitlines(keepends=True),
+                    fromfile=str(one.get("before_header") or "before"),
+                    tofile=str(one.get("after_header") or "after"))))
 
 
 def default_inventory() -> str:
@@ -310,7 +316,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     with contextlib.suppress(OSError):
         print("\n" + markdown.read_text(encoding="utf-8").rstrip())
     for diff in progress.diffs:
-        print("\nInventory changed:\n" + diff)
+        print("\nInventory changed:\n" + diff.rstrip())
     plots = (progress.files or {}).get("plots") or []
     print(f"\nReport: {base}.json, .csv, .md" + ("".join(f", {Path(p).name}" for p in plots)))
     if (progress.files or {}).get("plots_skipped"):

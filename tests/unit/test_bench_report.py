@@ -252,3 +252,17 @@ def test_cli_progress_knows_the_playbooks_task_names():
         assert any(pattern.match(name) for name in rendered), pattern.pattern
     for name in (bench.REPORT_TASK, bench.RESTORE_TASK, bench.FACTS_TASK, *bench.APPLY_TASKS):
         assert name in names, name
+
+
+def test_cli_shows_the_inventory_change_as_a_unified_diff():
+    from moefleet.commands.bench import SweepProgress
+
+    progress = SweepProgress(out=io.StringIO())
+    diff = [{"before": "---\nsglang_profile: tp8\n", "after": "---\nsglang_profile: tp2ep4\n",
+             "before_header": "g/blackwell.yml (content)", "after_header": "g/blackwell.yml (content)"},
+            {"before": "", "after": "", "before_header": "g/blackwell.yml (file attributes)"}]
+    progress({"event": "runner_on_ok", "event_data": {
+        "task": "Set sglang_profile to the winner in the group's vars file", "host": "gpu-01",
+        "res": {"changed": True, "diff": diff}}})
+    assert progress.diffs == ["--- g/blackwell.yml (content)\n+++ g/blackwell.yml (content)\n@@ -1,2 +1,2 @@\n"
+                              " ---\n-sglang_profile: tp8\n+sglang_profile: tp2ep4\n"]
