@@ -57,6 +57,9 @@ class State:
         # what makes the scheduler rank fail (set by the server); None: no runtime OOM
         self.runtime_oom_after: int | None = None
         self.runtime_oom = None
+        # Set on SIGTERM (server.py): like TokenizerManager's graceful exit, /health answers 503 and new
+        # generation requests are refused while the ones running finish.
+        self.draining = False
 
 
 def serve_clock() -> Clock:
@@ -136,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         st = self.state
         if path in ("/health", "/health_generate"):
-            if st.ready:
+            if st.ready and not st.draining:
                 self._send(200, b"", "text/plain")
             else:
                 self._send(503, b"", "text/plain")
@@ -168,6 +171,11 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body()
         if not self.state.ready and path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             pass  # SGLang queues requests that arrive during warm-up; answer after the fact
+        if self.state.draining and path in ("/generate", "/v1/chat/completions", "/v1/completions"):
+            # A server exiting gracefully takes no new work; a router retries it on another worker.
+            self._send(503, {"object": "error", "message": "The server is shutting down.",
+                             "type": "ServiceUnavailableError", "param": None, "code": 503})
+            return
         if path == "/generate":
             self._generate(body)
         elif path == "/v1/chat/completions":
@@ -287,6 +295,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         prompt = "\n".join(_content_text(m.get("content")) for m in msgs)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        ignore_eos = bool(body.get("ignore_eos"))  # SGLang's extra sampling parameter, as in /generate
         cid = uuid.uuid4().hex
         created = int(time.time())
         model = body.get("model") or st.args.served_model_name
@@ -299,7 +308,7 @@ class Handler(BaseHTTPRequestHandler):
                 piece = ("" if done == len(new_words) else " ") + " ".join(new_words)
                 self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {"content": piece}, None))
                             + "\n\n")
-            words, finish, ptoks, _, _ = self._run(prompt, max_tokens, cb)
+            words, finish, ptoks, _, _ = self._run(prompt, max_tokens, cb, ignore_eos)
             last = _chat_chunk(cid, created, model, {}, finish)
             opts = body.get("stream_options") or {}
             if opts.get("include_usage"):
@@ -310,7 +319,7 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk("data: " + json.dumps(last) + "\n\n")
             self._sse_end()
             return
-        words, finish, ptoks, _, _ = self._run(prompt, max_tokens)
+        words, finish, ptoks, _, _ = self._run(prompt, max_tokens, ignore_eos=ignore_eos)
         self._send(200, {
             "id": cid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words),

@@ -31,6 +31,10 @@ from .plan import T_WARMUP, build_plan, default_mem_settings
 
 CHILDREN: list[subprocess.Popen] = []
 _DYING = threading.Event()
+# The HTTP server's state once it serves (serve() sets it): SIGTERM drains it before the tree goes down.
+_SERVING: list[State] = []
+# Seconds between two "Gracefully exiting" lines while requests finish (TokenizerManager's watchdog logs every 5 s).
+DRAIN_LOG_INTERVAL = 5.0
 
 
 # The signals SGLang's main process handles. Python runs a handler in the main thread, but the kernel hands a
@@ -145,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
         kill_process_tree(include_parent=True)
 
     def on_sigterm(*_):
+        if _SERVING and _SERVING[0].draining:
+            return  # a second SIGTERM while draining: the first one's wait goes on
+        if _SERVING and not _DYING.is_set():
+            drain(_SERVING[0], clock)
         _DYING.set()
         kill_process_tree(include_parent=False)
         for p in CHILDREN:
@@ -210,6 +218,25 @@ def main(argv: list[str] | None = None) -> None:
     serve(args, plan, cfg, clock, faults)
 
 
+def drain(state: State, clock: Clock) -> None:
+    """SGLang's graceful exit on SIGTERM (TokenizerManager.sigterm_watchdog): /health turns 503 and new requests
+    are refused at once, the running ones finish, then the server exits; SGL_FORCE_SHUTDOWN=1 skips the wait.
+    Runs in the main thread (the signal handler); the HTTP threads keep streaming meanwhile. A second SIGTERM
+    while it waits changes nothing; systemd's SIGKILL after TimeoutStopSec= ends it."""
+    state.draining = True
+    if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true"):
+        line(clock, "", "Received sigterm; SGL_FORCE_SHUTDOWN is set: exiting without waiting for requests.")
+        return
+    line(clock, "", f"Gracefully exiting... Remaining number of requests {state.running}.")
+    last = time.monotonic()
+    while state.running > 0:
+        time.sleep(0.05)
+        if time.monotonic() - last >= DRAIN_LOG_INTERVAL:
+            line(clock, "", f"Gracefully exiting... Remaining number of requests {state.running}.")
+            last = time.monotonic()
+    line(clock, "", "Gracefully exiting... Remaining number of requests 0.")
+
+
 def _watch_children(clock: Clock) -> None:
     """TokenizerManager's watchdog: a scheduler that disappears takes the server down."""
     while not _DYING.is_set():
@@ -228,6 +255,7 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
     state.runtime_oom_after = F.runtime_oom_after(faults)
     tp0_proc = CHILDREN[plan.ranks.index(next(rp for rp in plan.ranks if rp.rank is tp0))]
     state.runtime_oom = lambda: tp0_proc.send_signal(signal.SIGUSR1)  # rank.py: OOM in the forward pass
+    _SERVING.append(state)
     emit(f"INFO:     Started server process [{os.getpid()}]")
     emit("INFO:     Waiting for application startup.")
     emit("INFO:     Application startup complete.")
