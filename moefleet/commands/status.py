@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="per host: the profile serving, the one asked for, health and the last rollback",
         description=(
             "Run playbooks/status.yml through ansible-runner (it changes nothing on the hosts) and print, per "
-            "host, the profile serving, the one asked for, health (serving, starting, down, unreachable) and "
-            "the last rollback. Exit 0 when every host serves, 1 otherwise, 2 on bad input."
+            "host, the profile serving, the one asked for, health (serving, starting, down, unreachable), "
+            "with routers its state in them (ready, draining, out, unknown), and the last rollback. Exit 0 "
+            "when every host serves, 1 otherwise, 2 on bad input."
         ),
     )
     parser.add_argument("-i", "--inventory", required=True, metavar="INVENTORY", help="inventory file or directory")
@@ -93,13 +94,16 @@ def _runtime(host: dict[str, Any]) -> str:
 
 
 def render_table(hosts: list[dict[str, Any]]) -> str:
-    header = ("host", "serving", "asked", "health", "last rollback", "while serving")
+    """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unknown)."""
+    routed = any("router" in h for h in hosts)
+    header = ("host", "serving", "asked", "health", *(("router",) if routed else ()), "last rollback", "while serving")
     body = [
         (
             str(h.get("host")),
             h.get("serving_profile") or "-",
             h.get("asked_profile") or "-",
             h.get("health") or "-",
+            *((h.get("router") or "-",) if routed else ()),
             _rollback(h.get("last_rollback")),
             _runtime(h),
         )

@@ -12,6 +12,8 @@ from ansible_collections.moefleet.serving.plugins.module_utils.rollback import a
 
 HISTORY_KEPT = 50
 SERVER_ARGS = ("tp_size", "ep_size", "pp_size", "dp_size", "enable_dp_attention")
+# A worker's state in the routers (roles/sglang_router; smg's GET /workers), most to least available.
+ROUTER_STATES = ("ready", "draining", "out", "unknown")
 
 
 def local_facts(
@@ -56,12 +58,13 @@ def status_entry(
     unit_state: str | None,
     health_code: int | None,
     server_info: Mapping[str, Any] | None,
+    router: str | None = None,
 ) -> dict[str, Any]:
     """One host's line of the status document (playbooks/status.yml; `moefleet status` prints it).
 
     ``health`` is ``serving`` (/health answers 200), ``starting`` (503, or the unit is on its way up),
     ``down`` or ``unreachable``; ``server_args`` the parallelism /server_info reports, null when it did not
-    answer."""
+    answer. ``router`` (router_state's answer) is added only for a fleet with routers."""
     local, runtime = (local or {}, runtime or {}) if reachable else ({}, {})
     unit = unit_state or "unknown"
     if not reachable:
@@ -85,4 +88,31 @@ def status_entry(
         "last_rollback": local.get("last_rollback"),
         "runtime_ooms": int(runtime.get("ooms") or 0),
         "last_runtime_failure": runtime.get("last"),
-    }
+    } | ({"router": router} if router is not None else {})
+
+
+def router_state(worker_url: str, listings: Sequence[Sequence[Mapping[str, Any]] | None]) -> str | None:
+    """The worker's state across the routers, from each router's GET /workers list (None: it did not answer).
+
+    ``ready``: every router lists it ready and healthy (each routes to it); ``draining``: a router is
+    draining it (no new requests, in-flight ones finishing); ``out``: a router does not route to it (not
+    listed, or listed but unhealthy or still pending); ``unknown``: a router did not answer. None without
+    routers."""
+    if not listings:
+        return None
+    states = []
+    for workers in listings:
+        if workers is None:
+            states.append("unknown")
+            continue
+        entry = next((w for w in workers if w.get("url") == worker_url), None)
+        if entry is None:
+            states.append("out")
+        elif entry.get("status") == "draining":
+            states.append("draining")
+        elif entry.get("status") == "ready" and entry.get("is_healthy"):
+            states.append("ready")
+        else:
+            states.append("out")
+    order = {"draining": 0, "unknown": 1, "out": 2, "ready": 3}
+    return min(states, key=order.__getitem__)

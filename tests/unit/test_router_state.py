@@ -1,0 +1,67 @@
+"""A worker's router state in the status document (host_state.router_state, status_entry's router key)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from ansible_collections.moefleet.serving.plugins.module_utils.host_state import router_state, status_entry
+
+ROOT = Path(__file__).resolve().parents[2]
+STATUS_SCHEMA = json.loads((ROOT / "schemas" / "status.schema.json").read_text())
+URL = "http://10.0.0.11:30000"
+
+
+def worker(status: str = "ready", healthy: bool = True, url: str = URL) -> dict:
+    """An entry of smg 1.13's GET /workers list, with the keys the state is read from."""
+    return {"id": "01a2", "url": url, "status": status, "is_healthy": healthy, "load": 0}
+
+
+@pytest.mark.parametrize(("listings", "state"), [
+    ([], None),  # no routers
+    ([[worker()]], "ready"),
+    ([[worker(), worker(url="http://10.0.0.12:30000")]], "ready"),
+    ([[worker("draining", healthy=False)]], "draining"),
+    ([[worker(url="http://10.0.0.12:30000")]], "out"),  # not listed: removed, or never added back
+    ([[worker(healthy=False)]], "out"),  # listed but failing its health checks: no traffic
+    ([[worker("pending", healthy=False)]], "out"),
+    ([None], "unknown"),  # the router did not answer
+    ([[worker()], [worker("draining")]], "draining"),  # any router draining it
+    ([[worker()], []], "out"),  # one router routes to it, the other does not
+    ([[worker()], None], "unknown"),
+])
+def test_router_state(listings, state):
+    assert router_state(URL, listings) == state
+
+
+@pytest.mark.parametrize("state", ["ready", "draining", "out", "unknown"])
+def test_status_entry_carries_the_router_state(state):
+    entry = status_entry("lab-1", True, {}, {}, "active", 200, {}, router=state)
+    jsonschema.validate({"hosts": [entry]}, STATUS_SCHEMA)
+    assert entry["router"] == state
+
+
+def test_without_routers_the_entry_has_no_router_key():
+    entry = status_entry("lab-1", True, {}, {}, "active", 200, {})
+    jsonschema.validate({"hosts": [entry]}, STATUS_SCHEMA)
+    assert "router" not in entry
+
+
+def test_the_schema_refuses_another_router_state():
+    entry = status_entry("lab-1", True, {}, {}, "active", 200, {}, router="half")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"hosts": [entry]}, STATUS_SCHEMA)
+
+
+def test_the_status_table_shows_a_router_column_only_with_routers():
+    from moefleet.commands.status import render_table  # noqa: PLC0415
+
+    base = {"host": "lab-1", "serving_profile": "ep8", "asked_profile": "ep8", "health": "serving",
+            "last_rollback": None, "last_runtime_failure": None}
+    plain = render_table([base])
+    assert "router" not in plain.splitlines()[0]
+    routed = render_table([base | {"router": "draining"}, base | {"host": "lab-2", "router": "ready"}]).splitlines()
+    assert routed[0].split()[:5] == ["host", "serving", "asked", "health", "router"]
+    assert routed[2].split()[4] == "draining" and routed[3].split()[4] == "ready"
