@@ -764,7 +764,32 @@ def simple_page(title: str, links: list[tuple[str, str, dict[str, str]]]) -> str
             f"    <h1>{html.escape(title)}</h1>\n" + "\n".join(rows) + "\n  </body>\n</html>\n")
 
 
-def build_pypi(inputs: Inputs, out: Path) -> None:
+# The model gateway the sglang_router role installs (its sglang_router_package_spec) and its dependencies:
+# the real wheels from PyPI, fetched once per lab host Python (Debian 12: 3.11, Debian 13: 3.13) into
+# .lab/router-wheels (the lab directory's, whatever OUT is), and served beside the simulator by the same index.
+ROUTER_SPEC = "smg==1.13.0"
+ROUTER_PYTHONS = ("3.11", "3.13")
+
+
+def fetch_router_wheels(dest: Path) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    for python in ROUTER_PYTHONS:
+        stamp = dest / f".fetched-{python}"
+        if stamp.is_file() and stamp.read_text() == ROUTER_SPEC:
+            continue
+        say(f"fetching {ROUTER_SPEC} and its dependencies for Python {python} into {dest} (once)")
+        cmd = [sys.executable, "-m", "pip", "download", ROUTER_SPEC, "--only-binary=:all:", "--python-version",
+               python, "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform",
+               "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "-d", str(dest), "-q"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"pip could not fetch {ROUTER_SPEC} ({result.stderr.strip()[-400:]}); put its "
+                             f"wheels into {dest} by hand, or give pip a reachable index (PIP_INDEX_URL).")
+        stamp.write_text(ROUTER_SPEC)
+    return sorted(dest.glob("*.whl"))
+
+
+def build_pypi(inputs: Inputs, out: Path, extra_wheels: list[Path] = ()) -> None:
     meta = tomllib.loads((inputs.sglang / "pyproject.toml").read_text()).get("project", {})
     name = normalize(meta.get("name", ""))
     if name != "sglang":
@@ -788,7 +813,21 @@ def build_pypi(inputs: Inputs, out: Path) -> None:
         (stage / "simple" / name).mkdir(parents=True)
         (stage / "simple" / name / "index.html").write_text(
             simple_page(f"Links for {name}", [(href, wheel.name, attrs)]))
-        (stage / "simple" / "index.html").write_text(simple_page("Simple index", [(f"{name}/", name, {})]))
+        projects: dict[str, list[Path]] = {}
+        for extra in extra_wheels:
+            projects.setdefault(normalize(extra.name.split("-")[0]), []).append(extra)
+        for project, files in sorted(projects.items()):
+            (stage / "packages" / project).mkdir(parents=True)
+            links = []
+            for extra in files:
+                shutil.copy2(extra, stage / "packages" / project / extra.name)
+                extra_sha = hashlib.sha256(extra.read_bytes()).hexdigest()
+                links.append((f"../../packages/{project}/{urllib.parse.quote(extra.name)}#sha256={extra_sha}",
+                              extra.name, {}))
+            (stage / "simple" / project).mkdir(parents=True)
+            (stage / "simple" / project / "index.html").write_text(simple_page(f"Links for {project}", links))
+        (stage / "simple" / "index.html").write_text(simple_page(
+            "Simple index", [(f"{n}/", n, {}) for n in [name, *sorted(projects)]]))
         swap_in(stage, out / "pypi")
 
 
@@ -808,7 +847,8 @@ def apt_complete(out: Path, arches: list[str]) -> bool:
 
 def pypi_complete(out: Path) -> bool:
     page = out / "pypi" / "simple" / "sglang" / "index.html"
-    return page.is_file() and any((out / "pypi" / "packages" / "sglang").glob("*.whl"))
+    return (page.is_file() and any((out / "pypi" / "packages" / "sglang").glob("*.whl"))
+            and (out / "pypi" / "simple" / "smg" / "index.html").is_file())
 
 
 def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
@@ -826,7 +866,9 @@ def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
         me = Path(__file__).resolve()
         arches = host_arches()
         sglang_files = source_files(inputs.sglang)
-        pypi_hash = digest(me, *(str(p.relative_to(inputs.sglang)) for p in sglang_files), *sglang_files)
+        router_wheels = fetch_router_wheels(DEFAULT_OUT.parent / "router-wheels")
+        pypi_hash = digest(me, *(str(p.relative_to(inputs.sglang)) for p in sglang_files), *sglang_files,
+                           *(w.name for w in router_wheels))
         want_pypi = force or stamp.get("pypi") != pypi_hash or not pypi_complete(out)
         keys = out.parent / "keys"
         dirs = key_dirs(keys)
@@ -852,10 +894,10 @@ def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
         else:
             say("apt repository is up to date (inputs unchanged).")
         if want_pypi:
-            build_pypi(inputs, out)
+            build_pypi(inputs, out, router_wheels)
             stamp["pypi"] = pypi_hash
             write_atomic(stamp_path, json.dumps(stamp, indent=2).encode())
-            say("package index built (pypi/simple/sglang/).")
+            say("package index built (pypi/simple/sglang/, and smg with its dependencies).")
         else:
             say("package index is up to date (inputs unchanged).")
     say(f"mirrors ready in {out} ({time.monotonic() - started:.1f} s).")
