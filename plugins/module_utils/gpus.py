@@ -12,9 +12,10 @@ Sources (public logs; PyTorch's figure is the "GPU N has a total capacity of X G
 nvidia-smi's the ``used / total`` column of its table):
 
 - RTX PRO 6000 Blackwell: docs/facts.md §5 (97,887 MiB; 94.97 GiB), measured on the field host of §1.
-  97,887 MiB is also what public nvidia-smi tables print for the Server Edition, the Workstation Edition
-  (300 W, 600 W) and the Max-Q Workstation Edition, and 94.97 GiB what public OOM messages print on these
-  boards; no source we found shows an edition with other figures.
+  Public nvidia-smi output prints 97,887 MiB for the Server Edition and the Max-Q Workstation Edition by name
+  (and for truncated "RTX PRO 6000 Blac..." rows at 300 W and 600 W); public OOM messages on these boards print
+  94.97 GiB but none we found names the edition, so the Workstation Edition's PyTorch figure is the Server
+  Edition's, taken as equal because memory.total is.
 - H100 80GB HBM3 (SXM): nvidia-smi 81,559 MiB (public nvidia-smi tables, "NVIDIA H100 80GB HBM3"); PyTorch
   79.21 GiB (a public multi-model benchmark report's OOM messages on 8xH100 HBM3; the same report shows
   79.18 GiB on a 1xH100 machine, another driver: the figure moves by a few hundredths with the driver).
