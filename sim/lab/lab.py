@@ -2,11 +2,13 @@
 """The simulated lab's hosts: podman containers with systemd as PID 1, reached over SSH.
 
     lab.py image [--os debian12,...]   build (or reuse) the host images (default: Debian 12)
-    lab.py up [--name L] --hosts N [--os debian12,debian13]
+    lab.py up [--name L] --hosts N [--os debian12,debian13] [--router]
                                        start hosts L-1..L-N (+ the shared mirror, serving the apt mirror,
                                        the package index and the Hub stand-in), write an inventory
                                        (default inventory/sim/hosts.yml), wait until each answers Ansible;
-                                       --os gives each host its release in turn (L-1 the first, ...)
+                                       --os gives each host its release in turn (L-1 the first, ...);
+                                       --router adds host L-router in group routers (the model gateway,
+                                       roles/sglang_router) and binds the workers to their lab address
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
     lab.py status                      list the lab's containers and addresses
 
@@ -241,7 +243,8 @@ def ensure_mirror(tag: str) -> str:
     return f"http://{MIRROR}:{MIRROR_PORT}"
 
 
-def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] | None = None) -> None:
+def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] | None = None,
+                    router: tuple[str, str] | None = None) -> None:
     lines = [
         "---",
         "# Written by sim/lab/lab.py; the lab's other variables are in inventory/sim/group_vars/.",
@@ -261,9 +264,15 @@ def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] 
         # The host's release, and the layout of NVIDIA's repository (the lab mirror's) that serves it.
         lines += [f"        {short}:", f"          ansible_host: {ip}", f"          lab_os: {release}",
                   f"          nvidia_driver_repo_distro: {release}"]
+        if router:  # behind a router the workers serve on their private (lab network) address
+            lines += [f"          sglang_service_host: {ip}"]
+    everyone = dict(hosts)
+    if router:
+        lines += ["    routers:", "      hosts:", f"        {router[0]}:", f"          ansible_host: {router[1]}"]
+        everyone[router[0]] = router[1]
     ssh = [f"Host {short}\n  HostName {ip}\n  User root\n  IdentityFile {SSH_KEY}\n"
            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
-           for short, ip in sorted(hosts.items())]
+           for short, ip in sorted(everyone.items())]
     # ssh_config beside the inventory: `ssh -F <dir>/ssh_config lab-1`, and testinfra's ssh backend.
     for target, text in ((path, "\n".join(lines) + "\n"), (path.parent / "ssh_config", "".join(ssh))):
         if not target.exists() or target.read_text() != text:
@@ -355,12 +364,15 @@ def start_hub() -> None:
     hub.up()
 
 
-def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None) -> None:
+def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None, router: bool = False) -> None:
     if count < 1:
         raise SystemExit("lab: --hosts must be 1 or more; use `make sim-down` to remove the lab")
     releases = releases or [DEFAULT_OS]
-    wanted = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
-    os_of = {name: releases[i % len(releases)] for i, name in enumerate(wanted)}
+    workers = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
+    router_name = f"{PREFIX}-{lab}-router"
+    wanted = workers + ([router_name] if router else [])
+    os_of = {name: releases[i % len(releases)] for i, name in enumerate(workers)}
+    os_of[router_name] = DEFAULT_OS
     tags = {release: build_image(release) for release in dict.fromkeys([DEFAULT_OS, *os_of.values()])}
     ensure_ssh_key()
     ensure_network()
@@ -391,13 +403,15 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None)
             podman("start", name)
             log(f"restarted {name}")
         prepare_host(name)
-    hosts = {name.removeprefix(f"{PREFIX}-"): container_ip(name) for name in wanted}
-    write_inventory(inventory, hosts, {name.removeprefix(f"{PREFIX}-"): os_of[name] for name in wanted})
+    hosts = {name.removeprefix(f"{PREFIX}-"): container_ip(name) for name in workers}
+    gateway = (router_name.removeprefix(f"{PREFIX}-"), container_ip(router_name)) if router else None
+    write_inventory(inventory, hosts, {name.removeprefix(f"{PREFIX}-"): os_of[name] for name in workers}, gateway)
     group_vars = inventory.parent / "group_vars"
     if inventory.parent != INVENTORY.parent and not group_vars.exists():
         group_vars.symlink_to(INVENTORY.parent / "group_vars")  # the lab's variables, for any lab
-    wait_for_ansible(inventory, list(hosts))
-    log(f"lab {lab}: {count} host(s) answer Ansible ({time.monotonic() - started:.1f} s); mirror at {mirror_url}")
+    wait_for_ansible(inventory, list(hosts) + ([gateway[0]] if gateway else []))
+    what = f"{count} host(s)" + (" and the router" if router else "")
+    log(f"lab {lab}: {what} answer Ansible ({time.monotonic() - started:.1f} s); mirror at {mirror_url}")
 
 
 def down(lab: str | None, inventory: Path) -> None:
@@ -428,6 +442,8 @@ def main() -> None:
     up_p.add_argument("--os", type=parse_os, default=[DEFAULT_OS],
                       help=f"each host's release in turn, comma-separated ({', '.join(RELEASES)})")
     up_p.add_argument("--inventory", type=Path, default=INVENTORY)
+    up_p.add_argument("--router", action="store_true",
+                      help="add host NAME-router in group routers, in front of the workers")
     down_p = sub.add_parser("down")
     down_p.add_argument("--name", default="lab")
     down_p.add_argument("--all", action="store_true", help="every lab, the mirror and the network")
@@ -439,7 +455,7 @@ def main() -> None:
         for release in dict.fromkeys(args.os):
             build_image(release)
     elif args.cmd == "up":
-        up(args.name, args.hosts, args.inventory.resolve(), args.os)
+        up(args.name, args.hosts, args.inventory.resolve(), args.os, args.router)
     elif args.cmd == "down":
         down(None if args.all else args.name, args.inventory.resolve())
     else:
