@@ -130,26 +130,11 @@ def origins(value):
     return origins
 
 
-# Names the roles used before the collection, kept until every task file calls the filters by FQCN.
-_UNQUALIFIED_NAMES = {
-    "moefleet_plan": "plan",
-    "moefleet_profile_args": "profile_args",
-    "moefleet_fallback_ladder": "fallback_ladder",
-    "moefleet_opening_attempt": "opening_attempt",
-    "moefleet_next_step": "next_step",
-    "moefleet_rollback_summary": "rollback_summary",
-    "moefleet_history": "history",
-    "moefleet_attempt": "attempt",
-    "moefleet_host_inputs": "host_inputs",
-    "moefleet_origins": "origins",
-}
-
-
 class FilterModule:
     """moefleet filters, called as moefleet.serving.<name>."""
 
     def filters(self):
-        named = {
+        return {
             "plan": plan,
             "profile_args": profile_args,
             "fallback_ladder": fallback_ladder,
@@ -164,4 +149,3 @@ class FilterModule:
             "host_inputs": host_inputs,
             "origins": origins,
         }
-        return {**named, **{old: named[new] for old, new in _UNQUALIFIED_NAMES.items()}}

@@ -10,6 +10,7 @@ filters as ``moefleet.serving.<name>``.
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -25,8 +26,12 @@ THIS_FILE = Path(__file__).resolve()
 
 UTILS = sorted(p.stem for p in (ROOT / "plugins" / "module_utils").glob("*.py") if p.stem != "__init__")
 MODULES = sorted(p.stem for p in (ROOT / "plugins" / "modules").glob("*.py"))
-FILTERS = ["plan", "profile_args", "fallback_ladder", "opening_attempt", "next_step", "rollback_summary", "history",
-           "attempt", "host_inputs", "origins"]
+FILTERS = sorted(
+    name
+    for path in (ROOT / "plugins" / "filter").glob("*.py")
+    for name in importlib.import_module(f"ansible_collections.moefleet.serving.plugins.filter.{path.stem}")
+    .FilterModule().filters()
+)
 
 _UTIL_NAMES = "|".join(UTILS)
 OLD_PYTHON_FORMS = {
@@ -38,13 +43,6 @@ OLD_PYTHON_FORMS = {
     "a hand-built loader of ansible.module_utils": re.compile(r"spec_from_file_location\([\"']ansible\.module_utils"),
 }
 
-# Owned by the change that converts the sglang_service role's start, rollback, restore and record to the
-# FQCNs (in flight while this test landed): remove each file from this set as it is converted, then the set.
-NOT_YET_CONVERTED = {
-    "roles/sglang_service/tasks/attempt.yml",
-    "roles/sglang_service/tasks/rollback.yml",
-    "roles/sglang_service/tasks/record.yml",
-}
 UNQUALIFIED_MODULE = re.compile(rf"^\s*(- )?({'|'.join(MODULES)}):", re.M)
 UNQUALIFIED_FILTER = re.compile(rf"\|\s*(moefleet_)?({'|'.join(FILTERS)})\b(?!\.)")
 
@@ -68,6 +66,7 @@ def files(suffixes: tuple[str, ...], under: list[str] | None = None) -> list[Pat
 def test_the_scans_see_the_utils_modules_and_the_repositorys_files():
     assert {"planner", "profiles", "rollback", "sglang_log", "gpu_facts", "model_files"} <= set(UTILS)
     assert "sglang_readiness" in MODULES and "moefleet_profile" in MODULES
+    assert {"plan", "next_step", "origins"} <= set(FILTERS)
     assert len(files((".py",))) > 50
     assert not any(".ansible" in p.parts for p in files((".py", ".yml")))
 
@@ -89,8 +88,6 @@ def test_tasks_and_playbooks_call_the_collections_plugins_by_fqcn():
     found = []
     for path in files((".yml", ".yaml", ".j2"), ["roles", "playbooks", "deploy.yml", "molecule"]):
         rel = str(path.relative_to(ROOT))
-        if rel in NOT_YET_CONVERTED:
-            continue
         text = path.read_text(encoding="utf-8")
         for pattern, kind in ((UNQUALIFIED_MODULE, "module"), (UNQUALIFIED_FILTER, "filter")):
             for match in pattern.finditer(text):
