@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,11 @@ def on_host(inventory: Path, command: str) -> str:
 
 
 def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory):
+    started = time.monotonic()
     if on_host(lab_inventory, "systemctl is-active sglang.service").strip() != "active":
         deployed = playbook(lab_inventory, "deploy.yml", "-e", "profile=tp8", limit=f"{HOST},localhost")
         assert deployed.returncode == 0, "the deploy before the uninstall failed"
+    deployed_at = time.monotonic()
     before = on_host(lab_inventory, SNAPSHOT)
     assert f"present {REMOVED[0]}" in before and "\nactive\n" in before and "user sglang" in before, before
 
@@ -98,3 +101,5 @@ def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory):
 
     again = playbook(lab_inventory, "playbooks/uninstall.yml", "-e", "confirm=yes")
     assert again.returncode == 0 and "nothing (already removed)" in " ".join(again.stdout.split())
+    took = time.monotonic() - deployed_at
+    print(f"uninstall test: deploy first {deployed_at - started:.0f} s, uninstall steps {took:.0f} s")
