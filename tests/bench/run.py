@@ -16,6 +16,13 @@
     sglang_service role), the measurement (bench_serving at each concurrency) and the total, read from the
     report's JSON, with its summary table; with the lab, when ``MOEFLEET_BENCH_ROLLOUT=1``.
     ``--sweep-report FILE`` prints the same from a report an earlier sweep wrote, without the lab.
+(e) Requests during a rollout, with and without the model gateway: 3 lab hosts serving tp8 (decoding at
+    serve time scale 10: a 200-token streamed answer lasts about a second), a bounded streaming load
+    (tests/router_load.py, 5 requests a second in chunks of 20 until the rollout ends) while ep8 is rolled
+    out; without the router the load goes to the hosts in turn and the rollout restarts them in place
+    (the inventory without group routers), with it the load goes through the router and the rollout drains
+    each host first. Requests sent, failed (and why), p99 latency of the ones that succeeded, the rollout's
+    wall time. With the lab, when ``MOEFLEET_BENCH_ROLLOUT=1``.
 """
 
 from __future__ import annotations
@@ -342,6 +349,73 @@ def rollout_bench() -> None:
         _lab("down", "--name", "bench", "--inventory", str(inventory))
 
 
+def _rollout_under_load(inventory: Path, urls: list[str], *extra: str) -> tuple[dict, int]:
+    """ansible-playbook playbooks/rollout.yml with bounded load chunks to URLS from its start to its end."""
+    from router_load import Load  # noqa: PLC0415  (tests/router_load.py)
+
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
+           str(ROOT / "playbooks" / "rollout.yml"), "-e", "confirm=yes", *(a for e in extra for a in ("-e", e))]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latencies: list[float] = []
+    totals: dict = {"sent": 0, "failed": 0, "failures": {}}
+    while proc.poll() is None or totals["sent"] == 0:
+        load = Load(urls, 20, 5.0, 200).start()
+        summary = load.result()
+        latencies += [lat for good, lat, _ in load.results if good]
+        totals["sent"] += summary["sent"]
+        totals["failed"] += summary["failed"]
+        for why, n in summary["failures"].items():
+            totals["failures"][why] = totals["failures"].get(why, 0) + n
+    totals["p99_s"] = percentile(latencies, 99) if latencies else None
+    totals["rollout_s"] = time.monotonic() - started
+    return totals, proc.wait()
+
+
+def router_bench() -> None:
+    """(e) Requests sent, failed and p99 latency during a rollout of ep8 to 3 hosts, without and with the
+    model gateway in front (lab.py up --router)."""
+    if os.environ.get("MOEFLEET_BENCH_ROLLOUT") != "1":
+        print("## (e) rollout under load, with and without the router: not part of this run "
+              "(set MOEFLEET_BENCH_ROLLOUT=1)")
+        return
+    inventory = ROOT / ".lab" / "bench" / "hosts.yml"
+    direct = inventory.with_name("hosts-direct.yml")
+    extra = json.dumps({"sglang_service_extra_env": {"SGLANG_SIM_FAULTS": "{{ _lab_sim_faults }}",
+                                                     "SGLANG_SIM_SERVE_TIME_SCALE": "10"}})
+    print("## (e) rollout of ep8 to 3 hosts under streaming load (20 requests per 4 s chunk, 200 tokens each)")
+    print(f"{'path':<16} {'sent':>5} {'failed':>6} {'p99 s':>6} {'rollout s':>9}  rc  failures")
+    try:
+        _lab("down", "--name", "bench", "--inventory", str(inventory))
+        _lab("up", "--name", "bench", "--hosts", "3", "--router", "--inventory", str(inventory))
+        _playbook(inventory, "sim/playbooks/prepare.yml")
+        text = inventory.read_text()
+        # The same hosts, bound to the same addresses, without the routers group: the plain rollout.
+        direct.write_text(text[: text.index("    routers:")])  # lab.py linked the lab's group_vars beside it
+        hosts = [line.split()[-1] for line in text.splitlines() if "sglang_service_host" in line]
+        router = [line.split()[-1] for line in text.splitlines() if "ansible_host" in line][-1]
+        rows = []
+        _playbook(direct, "deploy.yml", "profile=tp8", extra)
+        totals, rc = _rollout_under_load(direct, [f"http://{h}:30000" for h in hosts], "profile=ep8", extra)
+        rows.append(("without router", totals, rc))
+        _playbook(direct, "deploy.yml", "profile=tp8", extra)
+        subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(inventory), "routers", "-m",
+                        "ansible.builtin.include_role", "-a", "name=moefleet.serving.sglang_router"], cwd=ROOT,
+                       env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")), check=True,
+                       stdout=subprocess.DEVNULL)
+        time.sleep(5)  # the router registers the three serving workers
+        totals, rc = _rollout_under_load(inventory, [f"http://{router}:30000"], "profile=ep8", extra)
+        rows.append(("through router", totals, rc))
+        for path, t, rc in rows:
+            p99 = f"{t['p99_s']:.2f}" if t["p99_s"] is not None else "-"
+            print(f"{path:<16} {t['sent']:>5} {t['failed']:>6} {p99:>6} {t['rollout_s']:>9.1f}  {rc:>2}  "
+                  f"{json.dumps(t['failures'])}", flush=True)
+    finally:
+        _lab("down", "--name", "bench", "--inventory", str(inventory))
+        direct.unlink(missing_ok=True)
+
+
 def sweep_table(report: dict) -> None:
     """(d)'s table from a sweep's report (bench-<UTC>.json): per profile start, measure and total seconds."""
     workload = report.get("workload") or {}
@@ -407,6 +481,7 @@ def main() -> int:
     oom_latency_bench(args.runs)
     rollout_bench()
     sweep_bench()
+    router_bench()
     return 0
 
 

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""A bounded load client: a fixed number of streamed chat completions at a fixed rate, then it stops.
+
+    python tests/router_load.py URL... [--count N] [--rate R] [--max-tokens T] [--model M] [--json FILE]
+
+Request i starts at i / R seconds (open loop: a slow answer does not delay the next request), each in its
+own thread, each a POST URL/v1/chat/completions with "stream": true read to its "data: [DONE]". A request
+fails when it gets no 200, the stream breaks, or [DONE] never comes. Prints (or writes to --json) the
+counts, the p50/p99 end-to-end latency and each failure's reason. Standard library only.
+Used by tests/integration/test_router_lab.py and the rollout part of tests/bench/run.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def one_request(url: str, model: str, max_tokens: int, i: int, timeout: float) -> tuple[bool, float, str]:
+    body = json.dumps({"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": f"request {i}: say something"}]}).encode()
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
+                                 headers={"content-type": "application/json"})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            if resp.status != 200:
+                return False, time.monotonic() - started, f"HTTP {resp.status}"
+            for line in resp:
+                if line.startswith(b"data: [DONE]"):
+                    return True, time.monotonic() - started, ""
+        return False, time.monotonic() - started, "stream ended without [DONE]"
+    except urllib.error.HTTPError as exc:
+        return False, time.monotonic() - started, f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:  # refused, reset, timed out, broken chunked encoding
+        return False, time.monotonic() - started, f"{type(exc).__name__}: {exc}"
+
+
+class Load:
+    """Runs the load in a background thread; result() waits for every request and returns the summary."""
+
+    def __init__(self, url: str | list[str], count: int, rate: float, max_tokens: int = 64,
+                 model: str = "kimi-k2.6", timeout: float = 120.0) -> None:
+        # Several URLs (servers without a router in front): request i goes to URL i mod len, round robin.
+        self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
+        self.count, self.rate = count, rate
+        self.max_tokens, self.model, self.timeout = max_tokens, model, timeout
+        self.results: list[tuple[bool, float, str]] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._driver = threading.Thread(target=self._drive, daemon=True)
+        self.started = self.ended = 0.0
+
+    def start(self) -> Load:
+        self.started = time.monotonic()
+        self._driver.start()
+        return self
+
+    def _one(self, i: int) -> None:
+        outcome = one_request(self.urls[i % len(self.urls)], self.model, self.max_tokens, i, self.timeout)
+        with self._lock:
+            self.results.append(outcome)
+
+    def _drive(self) -> None:
+        for i in range(self.count):
+            delay = self.started + i / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            t = threading.Thread(target=self._one, args=(i,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def result(self) -> dict:
+        self._driver.join()
+        for t in self._threads:
+            t.join()
+        self.ended = time.monotonic()
+        ok = [lat for good, lat, _ in self.results if good]
+        reasons: dict[str, int] = {}
+        for good, _, why in self.results:
+            if not good:
+                reasons[why] = reasons.get(why, 0) + 1
+        p50, p99 = percentile(ok, 50), percentile(ok, 99)
+        return {"sent": len(self.results), "ok": len(ok), "failed": len(self.results) - len(ok),
+                "p50_s": round(p50, 3) if p50 is not None else None,
+                "p99_s": round(p99, 3) if p99 is not None else None,
+                "wall_s": round(self.ended - self.started, 1), "failures": reasons}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", nargs="+", help="base URL of the router (or of each worker, taken in turn)")
+    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=5.0, help="requests started per second")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--model", default="kimi-k2.6")
+    parser.add_argument("--json", help="write the summary here as well")
+    args = parser.parse_args()
+    summary = Load(args.url, args.count, args.rate, args.max_tokens, args.model).start().result()
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2)
+    return 0 if summary["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
