@@ -392,7 +392,11 @@ def router_bench() -> None:
         _playbook(inventory, "sim/playbooks/prepare.yml")
         text = inventory.read_text()
         # The same hosts, bound to the same addresses, without the routers group: the plain rollout.
-        direct.write_text(text[: text.index("    routers:")])  # lab.py linked the lab's group_vars beside it
+        # The same hosts without the routers group: the plain rollout. They bind 0.0.0.0 there, reached by
+        # clients at their address and by serve.yml's health gate at 127.0.0.1 (which a private bind fails).
+        direct.write_text("\n".join(
+            "          sglang_service_host: 0.0.0.0" if "sglang_service_host" in line else line
+            for line in text[: text.index("    routers:")].splitlines()) + "\n")  # lab.py linked group_vars beside it
         hosts = [line.split()[-1] for line in text.splitlines() if "sglang_service_host" in line]
         router = [line.split()[-1] for line in text.splitlines() if "ansible_host" in line][-1]
         rows = []
