@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""(d) The KV-pool OOM retune, repeated: N consecutive deploys of tp2ep4 on one fresh lab host, each with
+"""The KV-pool OOM retune, repeated: N consecutive deploys of tp2ep4 on one fresh lab host, each with
 the simulator's `oom_kv_cache` fault on tp2ep4 and `sglang_service_retry=true` (so each deploy starts the
 asked profile again instead of keeping what serves). Each deploy is counted by what the host's local facts
 say afterwards: `retuned` when the asked profile serves and its last two starts are the KV-pool OOM and a
@@ -62,7 +62,7 @@ def main() -> int:
     try:
         run_playbook(inventory, "sim/playbooks/prepare.yml")
         first = run_playbook(inventory, "deploy.yml", "profile=tp8")
-        print(f"## (d) KV-pool OOM retune of tp2ep4, {args.runs} consecutive deploys (host first serves tp8: "
+        print(f"## KV-pool OOM retune of tp2ep4, {args.runs} consecutive deploys (host first serves tp8: "
               f"rc {first.returncode})")
         print(f"{'run':>3}  {'seconds':>7}  rc  verdict   mem_fraction_static")
         for n in range(1, args.runs + 1):
