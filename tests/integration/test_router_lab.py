@@ -1,0 +1,166 @@
+"""Zero-downtime rollouts through the model gateway on a lab of 3 workers and a router (lab.py up --router).
+
+One lab for both checks, in file order: tp8 is deployed everywhere and the gateway installed in front; then
+(1) ep8 is rolled out under continuous streaming load through the router: no request fails and every host
+ends on ep8, ready in the router; (2) a rollout of tp2ep4 whose canary runs out of memory loading it (and
+falls back) under the same load: no request fails, the rollout stops, and the canary never receives a
+request from the moment it was taken out of the router.
+The workers decode on a slow clock (SGLANG_SIM_SERVE_TIME_SCALE=10: a 200-token answer streams for about a
+second), so requests are in flight whenever a host is drained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from playbook import ROOT, run_playbook  # noqa: E402
+from router_load import Load, percentile  # noqa: E402
+
+pytestmark = pytest.mark.lab
+
+LAB = "rtrt"
+LAB_PY = ROOT / "sim" / "lab" / "lab.py"
+VENV_BIN = Path(sys.executable).parent
+STATUS_SCHEMA = json.loads((ROOT / "schemas" / "status.schema.json").read_text())
+# The same extra environment on every run, so the unit (and its fingerprint) only changes with the profile.
+EXTRA = json.dumps({"sglang_service_extra_env": {"SGLANG_SIM_FAULTS": "{{ _lab_sim_faults }}",
+                                                 "SGLANG_SIM_SERVE_TIME_SCALE": "10"}})
+WORKERS = [f"{LAB}-{i}" for i in (1, 2, 3)]
+ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/routers.yml
+CHUNK = 20  # requests per bounded load chunk; chunks follow each other until the rollout ends
+RATE = 5.0  # requests started per second
+MAX_TOKENS = 200
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+
+
+def _run(*cmd: str | Path) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=_env(), text=True, capture_output=True)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                    f"{result.stderr[-3000:]}")
+    return result
+
+
+def _ssh(inventory: Path, host: str, command: str) -> str:
+    ssh_config = inventory.parent / "ssh_config"
+    return subprocess.run(["ssh", "-F", str(ssh_config), host, command], text=True, capture_output=True,
+                          check=True, timeout=60).stdout
+
+
+def _router_workers(router_url: str) -> list[dict]:
+    req = urllib.request.Request(f"{router_url}/workers", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)["workers"]
+
+
+def _status(inventory: Path, tmp: Path) -> dict[str, dict]:
+    path = tmp / "status.json"
+    result = run_playbook(inventory, "playbooks/status.yml", f"moefleet_status_path={path}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    document = json.loads(path.read_text())
+    jsonschema.validate(document, STATUS_SCHEMA)
+    return {h["host"]: h for h in document["hosts"]}
+
+
+def _rollout_under_load(inventory: Path, router_url: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """The rollout playbook, with bounded load chunks through the router from its start to its end."""
+    cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "rollout.yml"),
+           "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e))]
+    totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
+    started = time.monotonic()
+    # Its output goes to a file: a pipe read only at the end fills up and stops the playbook.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), text=True, stdout=log, stderr=subprocess.STDOUT)
+        chunks, latencies = [], []
+        while proc.poll() is None or not chunks:
+            load = Load(router_url, CHUNK, RATE, MAX_TOKENS).start()
+            chunk = load.result()
+            chunks.append(chunk)
+            latencies += [lat for good, lat, _ in load.results if good]
+            for key in ("sent", "ok", "failed"):
+                totals[key] += chunk[key]
+            for why, n in chunk["failures"].items():
+                totals["failures"][why] = totals["failures"].get(why, 0) + n
+        proc.wait()
+        log.seek(0)
+        out = log.read()
+    totals["rollout_s"] = round(time.monotonic() - started, 1)
+    totals["p99_s"] = percentile(latencies, 99)
+    print(f"rollout {extra}: {totals}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, ""), totals
+
+
+@pytest.fixture(scope="module")
+def routed_lab(tmp_path_factory):
+    """3 workers serving tp8 behind the gateway: (inventory, router URL)."""
+    base = tmp_path_factory.mktemp("routed")
+    inventory = base / "hosts.yml"
+    _run(sys.executable, LAB_PY, "down", "--name", LAB, "--inventory", inventory)  # a killed run's leftovers
+    _run(sys.executable, LAB_PY, "image")
+    _run(sys.executable, ROOT / "sim" / "mirrors" / "build.py")
+    _run(sys.executable, LAB_PY, "up", "--name", LAB, "--hosts", "3", "--router", "--inventory", inventory)
+    try:
+        _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml")
+        # All workers at once (deploy.yml), then the gateway in front of them.
+        deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA)
+        assert deployed.returncode == 0, deployed.stdout[-4000:]
+        _run(VENV_BIN / "ansible", "-i", inventory, "routers", "-m", "ansible.builtin.include_role",
+             "-a", "name=moefleet.serving.sglang_router")
+        router_ip = [line.split()[-1] for line in inventory.read_text().splitlines() if "ansible_host" in line][-1]
+        router_url = f"http://{router_ip}:30000"
+        deadline = time.monotonic() + 60
+        while sum(w["status"] == "ready" and w["is_healthy"] for w in _router_workers(router_url)) < 3:
+            assert time.monotonic() < deadline, _router_workers(router_url)
+            time.sleep(1)
+        yield inventory, router_url
+    finally:
+        _run(sys.executable, LAB_PY, "down", "--name", LAB, "--inventory", inventory)
+
+
+def test_rollout_through_the_router_fails_no_request(routed_lab, tmp_path):
+    inventory, router_url = routed_lab
+    result, load = _rollout_under_load(inventory, router_url, "profile=ep8")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert load["failed"] == 0 and load["sent"] >= CHUNK, load
+    hosts = _status(inventory, tmp_path)
+    assert {h: (hosts[h]["serving_profile"], hosts[h]["health"], hosts[h]["router"]) for h in WORKERS} == {
+        h: ("ep8", "serving", "ready") for h in WORKERS}
+    # Every worker served requests after the rollout put it back.
+    assert all(w["status"] == "ready" for w in _router_workers(router_url))
+
+
+def test_a_host_whose_start_fails_never_receives_a_request(routed_lab, tmp_path):
+    inventory, router_url = routed_lab
+    canary = WORKERS[0]
+    before = _ssh(inventory, canary, "systemctl show -P InvocationID sglang.service").strip()
+    since = time.time()  # the lab's hosts share this machine's clock
+    fault = json.dumps({"sim_faults": [{"fault": "oom_weight_load", "profile": "tp2ep4"}]})
+    result, load = _rollout_under_load(inventory, router_url, "profile=tp2ep4", fault)
+    assert result.returncode != 0, "the canary's failed start stops the rollout"
+    assert load["failed"] == 0, load
+    hosts = _status(inventory, tmp_path)
+    assert hosts[canary]["router"] == "out" and hosts[canary]["asked_profile"] == "tp2ep4"
+    assert hosts[canary]["outcome"] in ("degraded", "restored", "failed")
+    assert {h: (hosts[h]["serving_profile"], hosts[h]["router"]) for h in WORKERS[1:]} == {
+        h: ("ep8", "ready") for h in WORKERS[1:]}
+    # Since this rollout began, only the start that served before it (drained first) answered requests: the
+    # failed tp2ep4 start and the fallback that serves now answered none.
+    journal = _ssh(inventory, canary, "journalctl -u sglang.service -o json")
+    served = [e for e in map(json.loads, journal.splitlines())
+              if "POST /v1/chat/completions" in str(e.get("MESSAGE")) and int(e["__REALTIME_TIMESTAMP"]) / 1e6 > since]
+    assert {e.get("_SYSTEMD_INVOCATION_ID") for e in served} <= {before}, len(served)
