@@ -94,7 +94,7 @@ sim-mirrors: setup
 	$(BIN)/python sim/mirrors/build.py $(LAB)/mirror
 
 sim-up: sim-image sim-mirrors
-	$(BIN)/python sim/lab/lab.py up --hosts $(HOSTS)
+	$(BIN)/python sim/lab/lab.py up --hosts $(HOSTS)$(if $(filter 1,$(ROUTER)), --router)
 	$(BIN)/ansible-playbook sim/playbooks/prepare.yml
 
 sim-down:
