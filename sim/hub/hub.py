@@ -53,10 +53,25 @@ def _safetensors(name: str, seed: str) -> bytes:
     return struct.pack("<Q", len(header)) + header + data
 
 
+# The tiny gated model's config: Kimi K2.6's text config (sim/model) at toy sizes, a complete DeepSeek-V3-style
+# config, so that the planner (preflight) and the simulated SGLang serve it as they serve K2.6.
+TINY_SIZES = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+              "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 16, "num_experts_per_tok": 2,
+              "n_shared_experts": 1, "first_k_dense_replace": 1, "vocab_size": 1024, "max_position_embeddings": 4096,
+              "n_group": 1, "topk_group": 1, "num_nextn_predict_layers": 0, "dtype": "bfloat16"}
+
+
+def tiny_config(version: int) -> dict:
+    text = json.loads((REPO / "sim" / "model" / "kimi_k26_config.json").read_text())["text_config"]
+    config = {k: v for k, v in text.items() if k not in ("quantization_config", "auto_map")}
+    return {**config, **TINY_SIZES, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "moefleet_lab_version": version}
+
+
 def model_files(version: int) -> dict[str, bytes]:
     """The tiny gated model at its version 1 or 2 (2 changes config.json and the second shard)."""
-    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
-              "hidden_size": 64, "moefleet_lab_version": version}
+    config = tiny_config(version)
     index = {"metadata": {"total_size": 2 * SHARD_TENSOR_BYTES},
              "weight_map": {"layers.0.w": "model-00001-of-00002.safetensors",
                             "layers.1.w": "model-00002-of-00002.safetensors"}}
