@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from moefleet import cli
+
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +67,7 @@ def on_host(inventory: Path, command: str) -> str:
     return result.stdout + result.stderr
 
 
-def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory):
+def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory, capsys):
     started = time.monotonic()
     if on_host(lab_inventory, "systemctl is-active sglang.service").strip() != "active":
         deployed = playbook(lab_inventory, "deploy.yml", "-e", "profile=tp8", limit=f"{HOST},localhost")
@@ -73,6 +75,13 @@ def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory):
     deployed_at = time.monotonic()
     before = on_host(lab_inventory, SNAPSHOT)
     assert f"present {REMOVED[0]}" in before and "\nactive\n" in before and "user sglang" in before, before
+
+    # moefleet rollout --check reads the same host without touching it (and prints what the README shows)
+    code = cli.main(["rollout", "-i", str(lab_inventory), "-l", HOST, "-e", "profile=ep8", "--check"])
+    plan = capsys.readouterr().out
+    print(plan)
+    assert code == 0 and f"canary:\n  {HOST}  restart: serves tp8, asked ep8" in plan
+    assert on_host(lab_inventory, SNAPSHOT) == before
 
     checked = playbook(lab_inventory, "playbooks/uninstall.yml", "--check")
     said = " ".join(checked.stdout.split())  # the YAML callback folds long messages
