@@ -37,3 +37,13 @@ def lab_inventory(tmp_path_factory: pytest.TempPathFactory):
     _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml", env=env)
     yield inventory
     _run(sys.executable, LAB_PY, "down", "--name", "itest", "--inventory", inventory)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The bench sweep runs right after the rollout tests, on the host they leave installed and serving, so it
+    needs no deploy of its own first (about 3.5 minutes less on a fresh lab)."""
+    bench = [i for i in items if i.path.name == "test_bench_lab.py"]
+    rest = [i for i in items if i.path.name != "test_bench_lab.py"]
+    rollout = [n for n, i in enumerate(rest) if i.path.name == "test_rollout_status_lab.py"]
+    if bench and rollout:
+        items[:] = rest[: rollout[-1] + 1] + bench + rest[rollout[-1] + 1 :]
