@@ -39,18 +39,27 @@ DRAIN_LOG_INTERVAL = 5.0
 
 # The signals SGLang's main process handles. Python runs a handler in the main thread, but the kernel hands a
 # process-directed signal to any thread that does not block it: one caught by a helper thread leaves the main
-# thread asleep in time.sleep(3600) and the server alive. So every helper thread blocks them.
+# thread asleep and the server alive. So every helper thread is born with them blocked (a thread inherits the
+# mask of the thread that creates it: blocking them only once it runs left a window, which CI hit), and the main
+# thread waits in short sleeps (wait_to_be_killed), so that a handler a stray delivery queued still runs.
 MAIN_THREAD_SIGNALS = {signal.SIGQUIT, signal.SIGTERM, signal.SIGINT}
 
 
 def start_helper_thread(target, *args) -> threading.Thread:
     """A daemon thread that leaves MAIN_THREAD_SIGNALS to the main thread (threads it starts inherit this)."""
-    def run() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, MAIN_THREAD_SIGNALS)
-        target(*args)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, MAIN_THREAD_SIGNALS)
+    try:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a signal that came meanwhile is delivered now
     return t
+
+
+def wait_to_be_killed() -> None:
+    """The main thread's idle wait: signal handlers run within a second of any delivery."""
+    while True:
+        time.sleep(1)
 
 
 def kill_process_tree(include_parent: bool) -> None:
@@ -198,8 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     start_helper_thread(_watch_children, clock)
 
     if plan.ready_at is None:  # start-up fails (a rank sends SIGQUIT) or hangs: wait to be killed
-        while True:
-            time.sleep(3600)
+        wait_to_be_killed()
     clock.sleep_until(plan.ready_at)
     # Like SGLang's main process, serve only once every scheduler says it is ready: a rank that spent real
     # time on its host (a first Triton compile) is later than the plan.
@@ -213,8 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     os.close(ready_r)
     clock.wall_start += time.time() - began
     if _DYING.is_set():
-        while True:
-            time.sleep(3600)
+        wait_to_be_killed()
     serve(args, plan, cfg, clock, faults)
 
 
@@ -289,5 +296,4 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
         emit(f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
     state.ready = True
     line(clock, "", "The server is fired up and ready to roll!")
-    while True:
-        time.sleep(3600)
+    wait_to_be_killed()
