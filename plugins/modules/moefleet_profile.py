@@ -41,7 +41,7 @@ options:
     description: The profile given with C(-e profile=NAME); overrides every host's own.
     type: raw
   host_profiles:
-    description: Each target host's C(sglang_profile) (or null), keyed by host name.
+    description: Each target host's C(sglang_profile) (null or empty when it sets none), keyed by host name.
     type: dict
     default: {}
   host_inputs:
@@ -127,7 +127,7 @@ def resolve(params):
             raise ProfileError(problem)
     hosts = {}
     for host, own in sorted(params["host_profiles"].items()):
-        name = requested if requested is not None else own
+        name = requested if requested is not None else (own or None)
         if name is None:
             raise ProfileError(
                 f"{host} has no profile: pass -e profile=NAME or set sglang_profile for it in inventory."

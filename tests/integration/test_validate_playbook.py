@@ -128,3 +128,17 @@ def test_every_boolean_form_minus_e_passes_is_accepted(inventory, form):
              "nvidia_driver_update_initramfs", "nvidia_driver_check_kernel_module", "moefleet_allow_unfit"]
     run = validate(inventory, *(f"{name}={form}" for name in names))
     assert run.returncode == 0, run.stdout[-2000:]
+
+
+def test_a_host_without_sglang_profile_takes_minus_e_profile_or_gets_a_sentence(tmp_path):
+    # One host sets its profile, the other none: -e profile covers both; without it the second is named.
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    blackwell:\n      hosts:\n"
+                   "        unreachable-1:\n          ansible_host: 192.0.2.1\n          sglang_profile: tp8\n"
+                   "          sglang_model_source: prestaged\n"
+                   "        unreachable-2:\n          ansible_host: 192.0.2.2\n"
+                   "          sglang_model_source: prestaged\n")
+    run = validate(inv, "profile=ep8")
+    assert run.returncode == 0, run.stdout[-2000:]
+    out = " ".join(validate(inv).stdout.split())
+    assert "unreachable-2 has no profile: pass -e profile=NAME or set sglang_profile for it in inventory." in out
