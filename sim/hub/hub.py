@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import json
 import os
 import random
 import shutil
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "sim" / "mirrors"))
+import build as mirrors  # noqa: E402  (the lab's wheel fetching and PEP 503 index writing)
+
 LAB = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab"))
 HUB_PORT = 8081
 MIRROR_CONTAINER = "moefleet-mirror"
@@ -40,7 +41,6 @@ HF_CLIENT_SPEC = "huggingface_hub==1.33.0"
 GATED_REPO = "moefleet-lab/tiny-moe"
 TOO_BIG_REPO = "moefleet-lab/too-big"
 # Above huggingface_hub's 10 MiB write chunk, so an interrupted download leaves bytes to resume from.
-PAGE = "<!DOCTYPE html><html><body>\n{}\n</body></html>\n"
 SHARD_TENSOR_BYTES = 12 * 1024 * 1024
 
 
@@ -128,64 +128,26 @@ def build_hub(out: Path) -> dict:
     return revisions
 
 
-# The lab hosts' Pythons: Debian 12 has 3.11, Debian 13 3.13 (pyyaml's wheels are per version).
-HOST_PYTHONS = ("3.11", "3.13")
-
-
-def fetch_wheels(dest: Path) -> list[Path]:
-    """huggingface_hub and its dependencies for each lab host's Python (HOST_PYTHONS, x86_64), fetched once."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for python in HOST_PYTHONS:
-        stamp = dest / f".fetched-{python}"
-        if stamp.is_file() and stamp.read_text() == HF_CLIENT_SPEC:
-            continue
-        print(f"hub.py: fetching {HF_CLIENT_SPEC} and its dependencies for Python {python} into {dest} (once)",
-              flush=True)
-        cmd = [sys.executable, "-m", "pip", "download", HF_CLIENT_SPEC, "--only-binary=:all:", "--python-version",
-               python, "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform",
-               "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "-d", str(dest), "-q"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.exit(f"hub.py: pip could not fetch {HF_CLIENT_SPEC} ({result.stderr.strip()[-400:]}); "
-                     f"put its wheels into {dest} by hand, or give pip a reachable index (PIP_INDEX_URL).")
-        stamp.write_text(HF_CLIENT_SPEC)
-    return sorted(dest.glob("*.whl"))
-
-
-def write_index(wheels: list[Path], out: Path) -> None:
-    """A PEP 503 index of WHEELS at OUT/simple, files under OUT/packages."""
-    shutil.rmtree(out, ignore_errors=True)
-    projects: dict[str, list[Path]] = {}
-    for wheel in wheels:
-        name = wheel.name.split("-")[0].lower().replace("_", "-").replace(".", "-")
-        projects.setdefault(name, []).append(wheel)
-    (out / "simple").mkdir(parents=True)
-    (out / "packages").mkdir()
-    links = []
-    for name, files in sorted(projects.items()):
-        (out / "simple" / name).mkdir()
-        rows = []
-        for wheel in files:
-            shutil.copy2(wheel, out / "packages" / wheel.name)
-            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-            quoted = html.escape(wheel.name)
-            rows.append(f'<a href="../../packages/{quoted}#sha256={digest}">{quoted}</a><br>')
-        (out / "simple" / name / "index.html").write_text(PAGE.format("\n".join(rows)))
-        links.append(f'<a href="{name}/">{name}</a><br>')
-    (out / "simple" / "index.html").write_text(PAGE.format("\n".join(links)))
+def client_wheels() -> list[Path]:
+    """huggingface_hub and its dependencies for each lab host's Python (x86_64), fetched once."""
+    try:
+        return mirrors.fetch_wheels(HF_CLIENT_SPEC, LAB / "hub-wheels")
+    except mirrors.BuildError as exc:
+        sys.exit(f"hub.py: {exc}")
 
 
 def build(mirror: Path) -> dict:
     """Build MIRROR/hub; a second build with the same inputs (this file, server.py, the wheels) only reads."""
     out = mirror / "hub"
-    wheels = fetch_wheels(LAB / "hub-wheels")
+    wheels = client_wheels()
     stamp = hashlib.sha256(b"".join(p.read_bytes() for p in (Path(__file__).resolve(), HERE / "server.py"))
                            + "\n".join(w.name for w in wheels).encode()).hexdigest()
     if (out / ".build-stamp").is_file() and (out / ".build-stamp").read_text() == stamp \
             and (out / "revisions.json").is_file():
         return json.loads((out / "revisions.json").read_text())
     revisions = build_hub(out)
-    write_index(wheels, out / "pypi")
+    shutil.rmtree(out / "pypi", ignore_errors=True)
+    mirrors.write_index(out / "pypi", wheels)
     (out / "revisions.json").write_text(json.dumps(revisions, indent=1) + "\n")
     (out / ".build-stamp").write_text(stamp)
     print(f"hub.py: built {out} ({', '.join(f'{r}@{v[-1][:12]}' for r, v in revisions.items())})", flush=True)

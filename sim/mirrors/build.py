@@ -765,28 +765,52 @@ def simple_page(title: str, links: list[tuple[str, str, dict[str, str]]]) -> str
 
 
 # The model gateway the sglang_router role installs (its sglang_router_package_spec) and its dependencies:
-# the real wheels from PyPI, fetched once per lab host Python (Debian 12: 3.11, Debian 13: 3.13) into
-# .lab/router-wheels (the lab directory's, whatever OUT is), and served beside the simulator by the same index.
+# the real wheels from PyPI, fetched once into .lab/router-wheels (the lab directory's, whatever OUT is), and
+# served beside the simulator by the same index.
 ROUTER_SPEC = "smg==1.13.0"
-ROUTER_PYTHONS = ("3.11", "3.13")
+# The lab hosts' Pythons: Debian 12 has 3.11, Debian 13 3.13 (compiled wheels are per version).
+LAB_HOST_PYTHONS = ("3.11", "3.13")
 
 
-def fetch_router_wheels(dest: Path) -> list[Path]:
+def fetch_wheels(spec: str, dest: Path, pythons: tuple[str, ...] = LAB_HOST_PYTHONS) -> list[Path]:
+    """SPEC and its dependencies, PyPI's CPython x86_64 wheels for each of PYTHONS, fetched once into DEST.
+
+    Also the Hub stand-in's build (sim/hub/hub.py) fetches the real hf client with it."""
     dest.mkdir(parents=True, exist_ok=True)
-    for python in ROUTER_PYTHONS:
+    for python in pythons:
         stamp = dest / f".fetched-{python}"
-        if stamp.is_file() and stamp.read_text() == ROUTER_SPEC:
+        if stamp.is_file() and stamp.read_text() == spec:
             continue
-        say(f"fetching {ROUTER_SPEC} and its dependencies for Python {python} into {dest} (once)")
-        cmd = [sys.executable, "-m", "pip", "download", ROUTER_SPEC, "--only-binary=:all:", "--python-version",
+        say(f"fetching {spec} and its dependencies for Python {python} into {dest} (once)")
+        cmd = [sys.executable, "-m", "pip", "download", spec, "--only-binary=:all:", "--python-version",
                python, "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform",
                "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "-d", str(dest), "-q"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise BuildError(f"pip could not fetch {ROUTER_SPEC} ({result.stderr.strip()[-400:]}); put its "
+            raise BuildError(f"pip could not fetch {spec} ({result.stderr.strip()[-400:]}); put its "
                              f"wheels into {dest} by hand, or give pip a reachable index (PIP_INDEX_URL).")
-        stamp.write_text(ROUTER_SPEC)
+        stamp.write_text(spec)
     return sorted(dest.glob("*.whl"))
+
+
+def write_index(root: Path, wheels: list[Path], attrs: dict[str, dict[str, str]] | None = None) -> None:
+    """A PEP 503 index of WHEELS at ROOT/simple/, the files under ROOT/packages/<project>/; ATTRS adds link
+    attributes (data-requires-python) by file name. Also the Hub stand-in's client index (sim/hub/hub.py)."""
+    projects: dict[str, list[Path]] = {}
+    for wheel in wheels:
+        projects.setdefault(normalize(wheel.name.split("-")[0]), []).append(wheel)
+    for project, files in sorted(projects.items()):
+        (root / "packages" / project).mkdir(parents=True)
+        links = []
+        for wheel in files:
+            shutil.copy2(wheel, root / "packages" / project / wheel.name)
+            sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            links.append((f"../../packages/{project}/{urllib.parse.quote(wheel.name)}#sha256={sha}",
+                          wheel.name, (attrs or {}).get(wheel.name, {})))
+        (root / "simple" / project).mkdir(parents=True)
+        (root / "simple" / project / "index.html").write_text(simple_page(f"Links for {project}", links))
+    (root / "simple" / "index.html").write_text(simple_page(
+        "Simple index", [(f"{n}/", n, {}) for n in sorted(projects)]))
 
 
 def build_pypi(inputs: Inputs, out: Path, extra_wheels: list[Path] = ()) -> None:
@@ -799,35 +823,10 @@ def build_pypi(inputs: Inputs, out: Path, extra_wheels: list[Path] = ()) -> None
         say(f"note: the simulator declares dependencies {meta['dependencies']}; this index serves only "
             "sglang: lab hosts get them from the Hub stand-in's index (sim/hub; sglang_pip_extra_index_url).")
     with tempfile.TemporaryDirectory(prefix="moefleet-pypi-") as tmp:
-        work = Path(tmp)
-        wheel = build_wheel(inputs.sglang, work)
+        wheel = build_wheel(inputs.sglang, Path(tmp))
         stage = staging(out / "pypi")
-        pkg_dir = stage / "packages" / name
-        pkg_dir.mkdir(parents=True)
-        shutil.copy2(wheel, pkg_dir / wheel.name)
-        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        attrs = {}
-        if meta.get("requires-python"):
-            attrs["data-requires-python"] = meta["requires-python"]
-        href = f"../../packages/{name}/{urllib.parse.quote(wheel.name)}#sha256={sha}"
-        (stage / "simple" / name).mkdir(parents=True)
-        (stage / "simple" / name / "index.html").write_text(
-            simple_page(f"Links for {name}", [(href, wheel.name, attrs)]))
-        projects: dict[str, list[Path]] = {}
-        for extra in extra_wheels:
-            projects.setdefault(normalize(extra.name.split("-")[0]), []).append(extra)
-        for project, files in sorted(projects.items()):
-            (stage / "packages" / project).mkdir(parents=True)
-            links = []
-            for extra in files:
-                shutil.copy2(extra, stage / "packages" / project / extra.name)
-                extra_sha = hashlib.sha256(extra.read_bytes()).hexdigest()
-                links.append((f"../../packages/{project}/{urllib.parse.quote(extra.name)}#sha256={extra_sha}",
-                              extra.name, {}))
-            (stage / "simple" / project).mkdir(parents=True)
-            (stage / "simple" / project / "index.html").write_text(simple_page(f"Links for {project}", links))
-        (stage / "simple" / "index.html").write_text(simple_page(
-            "Simple index", [(f"{n}/", n, {}) for n in [name, *sorted(projects)]]))
+        requires = {"data-requires-python": meta["requires-python"]} if meta.get("requires-python") else {}
+        write_index(stage, [wheel, *extra_wheels], {wheel.name: requires})
         swap_in(stage, out / "pypi")
 
 
@@ -866,7 +865,7 @@ def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
         me = Path(__file__).resolve()
         arches = host_arches()
         sglang_files = source_files(inputs.sglang)
-        router_wheels = fetch_router_wheels(DEFAULT_OUT.parent / "router-wheels")
+        router_wheels = fetch_wheels(ROUTER_SPEC, DEFAULT_OUT.parent / "router-wheels")
         pypi_hash = digest(me, *(str(p.relative_to(inputs.sglang)) for p in sglang_files), *sglang_files,
                            *(w.name for w in router_wheels))
         want_pypi = force or stamp.get("pypi") != pypi_hash or not pypi_complete(out)

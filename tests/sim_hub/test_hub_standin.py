@@ -23,7 +23,7 @@ CLIENT = ROOT / ".lab" / "hf-client"
 @pytest.fixture(scope="module")
 def hf() -> Path:
     if not (CLIENT / "bin" / "hf").exists():
-        wheels = hub.fetch_wheels(hub.LAB / "hub-wheels")
+        wheels = hub.client_wheels()
         subprocess.run([sys.executable, "-m", "venv", str(CLIENT)], check=True)
         subprocess.run([CLIENT / "bin" / "pip", "install", "-q", "--no-index", "--find-links", wheels[0].parent,
                         hub.HF_CLIENT_SPEC], check=True)
