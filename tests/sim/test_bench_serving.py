@@ -66,17 +66,11 @@ def test_bench_ranks_ep8_fastest_single_stream_and_tp2ep4_best_aggregate(lab, mo
             assert line["server_info"]["ep_size"] == int(flags[3])
             results[name, concurrency] = line["output_throughput"]
         srv.stop()
-    assert 58.5 <= results["ep8", 1] <= 71.5  # the field: 65 tok/s for one request
+    # Rankings only, with room for a busy machine: the calibrated figures themselves (65 tok/s for one ep8
+    # request, 1531 tok/s tp2ep4 aggregate) are checked without a clock in tests/sim/test_memory.py
+    # (test_throughput_model_is_calibrated); wall-clock figures belong in make bench, not in assertions.
     assert results["ep8", 1] > results["tp2ep4", 1]
     assert results["tp2ep4", 64] > 1.2 * results["ep8", 64]
-
-
-def test_tp2ep4_peak_aggregate_is_the_fields_within_10_percent(lab, monkeypatch):
-    monkeypatch.setenv("SGLANG_SIM_SERVE_TIME_SCALE", "4.0")
-    srv = lab.start(*PROFILES["tp2ep4"])
-    srv.wait_ready()
-    printed, _ = run_level(lab, srv.port, 256, 256, output_len=256)
-    assert 0.9 * 1531 <= printed["output_throughput"] <= 1.1 * 1531
 
 
 def test_unknown_flag_fails_like_argparse(lab):
