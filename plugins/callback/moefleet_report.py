@@ -26,12 +26,19 @@ description:
     their end first.
   - C(moefleet_report_dir) (a play variable) is relative to the working directory; C(moefleet_report_path)
     (an extra variable) is the report's path without extension.
+  - The report also records the inventory source(s), the extra variables (C(-e)) with secrets redacted (a key
+    naming a token, key, password, secret or vault, and any vault-encrypted value, at any depth; a redacted
+    value is removed from every message too), the collection's version, each host's batch (the canary
+    marked), and, when the fleet is left mixed, next steps (which hosts serve what, the commands to resume
+    or to roll back). Messages are kept whole.
 requirements:
   - enabled in ansible.cfg (callbacks_enabled = moefleet.serving.moefleet_report)
 """
 
 import json
 import os
+import re
+import shlex
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,9 +60,98 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
 
 
-def _one_line(text: object, limit: int = 300) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+def _one_line(text: object) -> str:
+    """The text on one line, whole: advice is never cut (a cut one read "so a higher --m...")."""
+    return " ".join(str(text).split())
+
+
+# An extra variable whose name says it holds a secret is never written, at any depth.
+_SECRET_KEY = re.compile(r"token|key|password|passwd|secret|vault|credential", re.IGNORECASE)
+REDACTED = "<redacted>"
+_HIDDEN = "(hidden: the task is no_log)"
+
+
+def _vaulted(value: object) -> bool:
+    """Whether the value came from vault (encrypted, or decrypted and still tagged so)."""
+    if type(value).__name__ in ("EncryptedString", "AnsibleVaultEncryptedUnicode") or hasattr(value, "_ciphertext"):
+        return True
+    if isinstance(value, str) and value.lstrip().startswith("$ANSIBLE_VAULT;"):
+        return True
+    try:
+        from ansible.parsing.vault import VaultHelper
+
+        return VaultHelper.get_ciphertext(value, with_tags=True) is not None
+    except Exception:  # noqa: BLE001 - older ansible-core, or a value it cannot look into: not vaulted
+        return False
+
+
+def redact(value: object, secrets: set[str], key: str = "") -> object:
+    """A plain JSON copy of value with secrets replaced by REDACTED; the secret strings are added to secrets."""
+    if (key and _SECRET_KEY.search(key)) or _vaulted(value):
+        _collect_strings(value, secrets)
+        return REDACTED
+    if isinstance(value, dict):
+        return {str(k): redact(v, secrets, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v, secrets) for v in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return str(value)
+
+
+def _collect_strings(value: object, secrets: set[str]) -> None:
+    if isinstance(value, dict):
+        for item in value.values():
+            _collect_strings(item, secrets)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_strings(item, secrets)
+    elif value is not None and not isinstance(value, bool):
+        try:
+            text = str(value)
+        except Exception:  # noqa: BLE001 - a vaulted value that cannot be decrypted here is not in any message
+            return
+        if len(text) >= 4:
+            secrets.add(text)
+
+
+def scrub(text: str, secrets: set[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def collection_version() -> str | None:
+    """moefleet.serving's version: galaxy.yml in a clone, MANIFEST.json in an installed collection."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        match = re.search(r"^version:\s*['\"]?([^'\"\s#]+)", (root / "galaxy.yml").read_text(encoding="utf-8"), re.M)
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
+    try:
+        return str(json.loads((root / "MANIFEST.json").read_text(encoding="utf-8"))["collection_info"]["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def serial_batches(hosts: list[str], serial: object) -> list[list[str]]:
+    """The hosts cut into batches as ansible-core's playbook executor cuts a play with this serial."""
+    from ansible.utils.helpers import pct_to_int
+
+    sizes = serial if isinstance(serial, list) else ([serial] if serial not in (None, "") else [])
+    sizes = sizes or [-1]
+    left, out, item = list(hosts), [], 0
+    while left:
+        size = pct_to_int(sizes[item], len(hosts))
+        if size <= 0:
+            out.append(left)
+            break
+        out.append(left[:size])
+        left = left[size:]
+        item = min(item + 1, len(sizes) - 1)
+    return out
 
 
 def _handled_by_rescue(task) -> bool:
@@ -114,6 +210,13 @@ class CallbackModule(CallbackBase):
         self._serve_patterns: list[str] = []
         self._other_patterns: list[str] = []
         self._hosts: dict[str, _Host] = {}
+        # -e values as the report shows them (secrets redacted) and the secret strings kept out of every message
+        self._extra_vars: dict = {}
+        self._secrets: set[str] = set()
+        self._inventory_sources: list[str] = []
+        # The serving play's batches (per host pattern), cut from its serial as ansible-core cuts them
+        self._batches: dict[str, list[list[str]]] = {}
+        self._play_batches: list[list[str]] = []
         self._written = False
         self.report_files: tuple[Path, Path] | None = None
 
@@ -141,8 +244,11 @@ class CallbackModule(CallbackBase):
             self._report_dir = str(play_vars["moefleet_report_dir"])
         if extra.get("profile") is not None:
             self._asked_profile = str(extra["profile"])
+        self._extra_vars = redact(extra, self._secrets)
         self._inventory = getattr(manager, "_inventory", None)
+        self._inventory_sources = self._sources()
         self._play_pattern = play.hosts if isinstance(play.hosts, str) else ",".join(map(str, play.hosts or []))
+        self._play_batches = self._plan_batches(play)
         self._play_first_task = {}
         self._play_is_serve = False
         if self._play_pattern in self._serve_patterns:
@@ -150,11 +256,45 @@ class CallbackModule(CallbackBase):
         elif self._play_pattern not in self._other_patterns:
             self._other_patterns.append(self._play_pattern)
 
+    def _sources(self) -> list[str]:
+        """The inventory source(s) the run parsed (-i, or ansible.cfg's default)."""
+        sources = getattr(self._inventory, "_sources", None)
+        if not sources:
+            try:
+                from ansible import context
+
+                sources = context.CLIARGS.get("inventory")
+            except Exception:  # noqa: BLE001 - no CLI arguments (a callback driven by a test or an API)
+                sources = None
+        if isinstance(sources, str):
+            sources = [sources]
+        return [str(source) for source in sources or []]
+
+    def _plan_batches(self, play) -> list[list[str]]:
+        if self._inventory is None:
+            return []
+        try:
+            hosts = self._inventory.get_hosts(self._play_pattern, ignore_restrictions=True, order=play.order)
+        except (AttributeError, TypeError):
+            hosts = self._inventory.get_hosts(self._play_pattern, ignore_restrictions=True)
+        try:
+            return serial_batches([h.get_name() for h in hosts], getattr(play, "serial", None))
+        except Exception:  # noqa: BLE001 - a serial value ansible-core itself would refuse: no batches known
+            return []
+
+    def _batch_of(self, name: str) -> int | None:
+        for pattern in self._serve_patterns:
+            for number, batch in enumerate(self._batches.get(pattern, []), start=1):
+                if name in batch:
+                    return number
+        return None
+
     def _mark_serve_play(self) -> None:
         """This play installs and serves: its hosts count as reached from their first task in it."""
         self._play_is_serve = True
         if self._play_pattern not in self._serve_patterns:
             self._serve_patterns.append(self._play_pattern)
+        self._batches.setdefault(self._play_pattern, self._play_batches)
         for name, started in self._play_first_task.items():
             entry = self._host(name)
             entry.reached = True
@@ -189,7 +329,7 @@ class CallbackModule(CallbackBase):
             entry.reached = entry.unreachable = True
             entry.start = entry.start or self._play_first_task.get(name, self._clock())
             entry.end = self._clock()
-            entry.message = _one_line(data.get("msg", ""))
+            entry.message = self._message(data)
             return
         phase = facts.get("sglang_service_phase")
         if isinstance(phase, str):
@@ -208,9 +348,14 @@ class CallbackModule(CallbackBase):
             return
         entry.end = self._clock()
         if status == "failed":
-            entry.message = _one_line(data.get("msg", ""))
+            entry.message = self._message(data)
             if not _handled_by_rescue(result.task):
                 entry.failed = True
+
+    def _message(self, data: dict) -> str:
+        if data.get("_ansible_no_log") or data.get("censored"):
+            return _HIDDEN
+        return scrub(_one_line(data.get("msg", "")), self._secrets)
 
     def v2_runner_on_ok(self, result) -> None:
         self._result(result, "ok")
@@ -260,16 +405,22 @@ class CallbackModule(CallbackBase):
         complete = not stopped_by and not self._run_failed and finished
         asked = self._asked_profile or next((row["asked_profile"] for row in rows if row["asked_profile"]), None)
         ended = self._clock()
-        return {
+        report = {
             "playbook": self._playbook,
             "asked_profile": asked,
             "started": _iso(self._started),
             "ended": _iso(ended),
             "seconds": round(ended - self._started, 1) if self._started else None,
             "result": "complete" if complete else "stopped",
-            "stopped_by": stopped_by,
+            "stopped_by": scrub(stopped_by, self._secrets) if stopped_by else stopped_by,
+            "moefleet_version": collection_version(),
+            "inventory": self._inventory_sources,
+            "extra_vars": self._extra_vars,
             "hosts": rows,
         }
+        previous = {name: entry.serving_before for name, entry in self._hosts.items() if entry.serving_before}
+        report["next_steps"] = next_steps(report, previous)
+        return report
 
     def _row(self, entry: _Host, stopped_by: str | None) -> dict:
         outcome = entry.outcome or {}
@@ -284,8 +435,11 @@ class CallbackModule(CallbackBase):
         else:
             state = "stopped"
         serving = outcome.get("serving_profile") or (entry.serving_before if not entry.reached else None)
+        batch = self._batch_of(entry.name)
         return {
             "host": entry.name,
+            "batch": batch,
+            "canary": batch == 1 and len((self._serve_batches() or [[]])[0]) == 1,
             "asked_profile": outcome.get("asked_profile") or entry.asked or self._asked_profile,
             "serving_profile": serving,
             "outcome": state,
@@ -293,8 +447,11 @@ class CallbackModule(CallbackBase):
             "seconds": round(entry.end - entry.start, 1) if entry.reached and entry.start and entry.end else None,
             "started": _iso(entry.start) if entry.reached else None,
             "ended": _iso(entry.end) if entry.reached else None,
-            "message": entry.message or (stopped_by or "" if state == "stopped" else ""),
+            "message": entry.message or (scrub(stopped_by or "", self._secrets) if state == "stopped" else ""),
         }
+
+    def _serve_batches(self) -> list[list[str]]:
+        return [batch for pattern in self._serve_patterns for batch in self._batches.get(pattern, [])]
 
     def _finish(self, stopped_by: str | None) -> None:
         if self._written or not self._active():
@@ -319,6 +476,61 @@ class CallbackModule(CallbackBase):
         self._display.display(f"Report: {json_path.resolve()} and {md_path.name}")
 
 
+def _command(report: dict, profile: str | None, hosts: list[str]) -> str:
+    words = ["moefleet", "rollout"]
+    for source in report.get("inventory") or []:
+        words += ["-i", source]
+    if profile:
+        words += ["-e", f"profile={profile}"]
+    words += ["--limit", ",".join(hosts)]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def next_steps(report: dict, previous: dict[str, str]) -> list[str]:
+    """When the fleet is left mixed: which hosts serve what, and the commands to resume or to roll back."""
+    rows = report["hosts"]
+    behind = [row for row in rows if row["outcome"] != "ready" or row["serving_profile"] != row["asked_profile"]]
+    if not behind:
+        return []
+    serving: dict[str, list[str]] = {}
+    for row in rows:
+        serving.setdefault(row["serving_profile"] or "", []).append(row["host"])
+    parts = [f"{profile} on {', '.join(hosts)}" for profile, hosts in serving.items() if profile]
+    if "" in serving:
+        parts.append(f"nothing known to serve on {', '.join(serving[''])}")
+    steps = ["Serving now: " + "; ".join(parts) + "."]
+    per_host = "profile" not in (report.get("extra_vars") or {})
+    profile = None if per_host else report.get("asked_profile")
+    broken = [row["host"] for row in behind if row["outcome"] in ("failed", "restored", "degraded", "unreachable")]
+    if broken:
+        steps.append(
+            f"First find out why {', '.join(broken)} did not end on the asked profile: the Notes above, "
+            "moefleet status, and moefleet diagnose on the host's journal "
+            "(journalctl -u sglang.service -o export > sglang.export)."
+        )
+    steps.append(
+        f"To resume ({', '.join(row['host'] for row in behind)} to "
+        f"{'each host profile' if per_host else profile}): "
+        f"{_command(report, profile, [row['host'] for row in behind])}"
+    )
+    moved = [
+        row
+        for row in rows
+        if row["outcome"] in ("ready", "degraded")
+        and row["serving_profile"] != previous.get(row["host"])
+        and row["started"] is not None
+    ]
+    back: dict[str, list[str]] = {}
+    for row in moved:
+        back.setdefault(previous.get(row["host"]) or "", []).append(row["host"])
+    for before, hosts in back.items():
+        if before:
+            steps.append(f"To roll {', '.join(hosts)} back to {before}: {_command(report, before, hosts)}")
+        else:
+            steps.append(f"{', '.join(hosts)} served nothing known before this run: no profile to roll back to.")
+    return steps
+
+
 _COLUMNS = (
     ("host", "host"),
     ("asked", "asked_profile"),
@@ -326,16 +538,26 @@ _COLUMNS = (
     ("outcome", "outcome"),
     ("OOMs", "ooms"),
     ("seconds", "seconds"),
+    ("batch", "batch"),
 )
+_RIGHT = frozenset({"ooms", "seconds"})
 _OUTCOME_NOTES = {"untouched": "untouched (never reached: later batch)"}
 
 
-def _cells(row: dict) -> list[str]:
+def _columns(report: dict) -> list[tuple[str, str]]:
+    """The table's columns; batch only when the run knew the batches."""
+    with_batch = any(row.get("batch") is not None for row in report["hosts"])
+    return [(title, key) for title, key in _COLUMNS if key != "batch" or with_batch]
+
+
+def _cells(row: dict, columns: list[tuple[str, str]] | None = None) -> list[str]:
     cells = []
-    for _, key in _COLUMNS:
+    for _, key in columns or _COLUMNS:
         value = row.get(key)
         if key == "outcome":
             value = _OUTCOME_NOTES.get(value, value)
+        if key == "batch" and value is not None and row.get("canary"):
+            value = f"{value} (canary)"
         cells.append("-" if value is None or value == "" else str(value))
     return cells
 
@@ -352,33 +574,57 @@ def _headline(report: dict) -> str:
 
 def render_text(report: dict) -> str:
     """The summary table for a terminal."""
-    header = [title for title, _ in _COLUMNS]
-    body = [_cells(row) for row in report["hosts"]]
+    columns = _columns(report)
+    header = [title for title, _ in columns]
+    body = [_cells(row, columns) for row in report["hosts"]]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    right = [key in _RIGHT for _, key in columns]
 
     def fmt(line: list[str]) -> str:
-        cells = (c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+        cells = (c.rjust(w) if r else c.ljust(w) for c, w, r in zip(line, widths, right, strict=True))
         return "  ".join(cells).rstrip()
 
     lines = [_headline(report), fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in body)]
     lines += [f"{row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
+    if report.get("next_steps"):
+        lines += ["Next steps:", *(f"  {step}" for step in report["next_steps"])]
     return "\n".join(lines)
 
 
+def _md(text: object) -> str:
+    """Text for a Markdown table cell or list item: pipes escaped, commands kept whole."""
+    return str(text).replace("|", "\\|")
+
+
 def render_markdown(report: dict) -> str:
-    header = [title for title, _ in _COLUMNS]
+    columns = _columns(report)
+    header = [title for title, _ in columns]
     lines = [
         f"# Rollout report: {report['asked_profile'] or 'each host profile'}",
         "",
         f"- Result: **{report['result']}**" + (f" ({report['stopped_by']})" if report.get("stopped_by") else ""),
         f"- Started: {report['started']}; ended: {report['ended']} ({report['seconds']} s)",
         f"- Playbook: {report['playbook']}",
+    ]
+    if report.get("inventory"):
+        lines.append("- Inventory: " + ", ".join(f"`{source}`" for source in report["inventory"]))
+    if report.get("extra_vars"):
+        lines.append(f"- Extra vars (`-e`, secrets redacted): `{json.dumps(report['extra_vars'], sort_keys=True)}`")
+    if report.get("moefleet_version"):
+        lines.append(f"- moefleet.serving: {report['moefleet_version']}")
+    lines += [
         "",
         "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] * 4 + ["---:"] * 2) + "|",
+        "|" + "|".join("---:" if key in _RIGHT else "---" for _, key in columns) + "|",
     ]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in report["hosts"]]
+    lines += ["| " + " | ".join(_md(cell) for cell in _cells(row, columns)) + " |" for row in report["hosts"]]
     notes = [f"- {row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
     if notes:
         lines += ["", "## Notes", "", *notes]
+    if report.get("next_steps"):
+        lines += ["", "## Next steps", ""]
+        for step in report["next_steps"]:
+            # A command after ": moefleet rollout" is set as code, whole, so that it pastes as it is.
+            head, sep, command = step.partition(": moefleet rollout")
+            lines.append(f"- {head}: `moefleet rollout{command}`" if sep else f"- {step}")
     return "\n".join(lines) + "\n"

@@ -59,14 +59,18 @@ class Host:
 class Inventory:
     def __init__(self, groups: dict[str, list[str]]) -> None:
         self.groups = groups
+        self._sources = ["/srv/moefleet/inventory/sim"]
 
     def get_hosts(self, pattern, ignore_restrictions=False):
         return [Host(n) for n in self.groups.get(pattern, [pattern])]
 
 
 class Play:
-    def __init__(self, hosts: str, inventory: Inventory, extra: dict, play_vars: dict | None = None) -> None:
+    def __init__(
+        self, hosts: str, inventory: Inventory, extra: dict, play_vars: dict | None = None, serial=None
+    ) -> None:
         self.hosts = hosts
+        self.serial = serial or []
         self._manager = SimpleNamespace(extra_vars=extra, _inventory=inventory)
         self._vars = play_vars or {}
 
@@ -144,8 +148,8 @@ class Run:
         self.extra = {"profile": "ep8", **(extra or {})}
         self.cb.v2_playbook_on_start(SimpleNamespace(_file_name=playbook))
 
-    def play(self, pattern: str, play_vars: dict | None = None) -> None:
-        self.cb.v2_playbook_on_play_start(Play(pattern, self.inventory, self.extra, play_vars))
+    def play(self, pattern: str, play_vars: dict | None = None, serial=None) -> None:
+        self.cb.v2_playbook_on_play_start(Play(pattern, self.inventory, self.extra, play_vars, serial))
 
     def task(self, task: Task, hosts: list[str], data: dict | None = None, status: str = "ok") -> None:
         self.cb.v2_playbook_on_task_start(task, False)
@@ -171,7 +175,7 @@ class Run:
             self.task(Task("Read what each host serves", action="setup"), [host], {"ansible_facts": facts})
 
     def serve_batch(self, hosts: list[str], outcomes: dict[str, dict]) -> None:
-        self.play("blackwell")
+        self.play("blackwell", serial=[1, "25%", "100%"])  # playbooks/rollout.yml's moefleet_serial
         self.task(Task("Gathering Facts", action="gather_facts"), hosts, {"ansible_facts": {}})
         self.task(PHASE_TASK, hosts, phase("installing"))  # playbooks/serve.yml's first task
         self.task(Task("Install the driver", role="nvidia_driver"), hosts)
@@ -406,3 +410,146 @@ def test_render_text_aligns_columns():
     assert lines[3].split() == ["lab-1", "ep8", "tp8", "restored", "1", "10.5"]
     assert lines[4].startswith("lab-22  ep8    -        untouched (never reached: later batch)")
     assert lines[-1] == "lab-1: why"
+
+
+# --- what a ticket needs: inventory, -e values, version, batches, next steps (issue 15) -------------------------
+
+
+def test_report_records_inventory_extra_vars_version_and_batches(tmp_path):
+    base = tmp_path / "r20"
+    run = Run(extra={"moefleet_report_path": str(base), "moefleet_serial": [1, "25%", "100%"]})
+    run.validate_and_confirm({})
+    for host in HOSTS:
+        run.serve_batch([host], {host: ready()})
+    run.stats()
+
+    report = read(base)
+    assert report["inventory"] == ["/srv/moefleet/inventory/sim"]
+    assert report["extra_vars"] == {
+        "profile": "ep8", "moefleet_report_path": str(base), "moefleet_serial": [1, "25%", "100%"]
+    }
+    galaxy = (ROOT / "galaxy.yml").read_text()
+    assert f"\nversion: {report['moefleet_version']}\n" in galaxy
+    assert [(h["host"], h["batch"], h["canary"]) for h in report["hosts"]] == [
+        ("lab-1", 1, True), ("lab-2", 2, False), ("lab-3", 3, False)
+    ]
+    assert report["next_steps"] == []
+    markdown = base.with_name("r20.md").read_text()
+    assert "- Inventory: `/srv/moefleet/inventory/sim`" in markdown
+    assert f"- moefleet.serving: {report['moefleet_version']}" in markdown
+    assert "| lab-1 | ep8 | ep8 | ready | 0 | 20.0 | 1 (canary) |" in markdown
+    assert "| lab-3 | ep8 | ep8 | ready | 0 | 20.0 | 3 |" in markdown
+    assert "## Next steps" not in markdown
+
+
+def test_batches_follow_the_serial_as_ansible_cuts_it():
+    assert plugin.serial_batches(["a", "b", "c", "d", "e"], [1, "25%", "100%"]) == [["a"], ["b"], ["c", "d", "e"]]
+    assert plugin.serial_batches(["a", "b", "c"], []) == [["a", "b", "c"]]
+    assert plugin.serial_batches(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+
+
+SENTINELS = {
+    "sglang_service_api_key": "sk-SENTINEL-apikey-0001",
+    "sglang_model_hf_token": "hf_SENTINELtoken0002",
+    "nested": {"db_password": "SENTINEL-pass-0003", "vault_anything": "SENTINEL-vault-0004", "keep": "visible"},
+    "MY_SECRET": "SENTINEL-secret-0005",
+}
+
+
+def test_secrets_in_extra_vars_never_reach_json_markdown_or_stdout(tmp_path):
+    from ansible.parsing.vault import EncryptedString
+
+    base = tmp_path / "r21"
+    vaulted = EncryptedString(ciphertext="$ANSIBLE_VAULT;1.1;AES256\n3133\n")
+    run = Run(extra={"moefleet_report_path": str(base), **SENTINELS, "innocent_name": vaulted,
+                     "pasted": "$ANSIBLE_VAULT;1.1;AES256\n6162SENTINEL0006\n"})
+    run.validate_and_confirm({"lab-1": "tp8"})
+    restored = {"asked_profile": "ep8", "serving_profile": "tp8", "outcome": "restored", "ooms": 1, "attempts": 2}
+    run.serve_batch(["lab-1"], {"lab-1": restored})
+    # a failing task that echoes a secret in its message, and a no_log one that Ansible did not censor
+    run.task(FAIL_TASK, ["lab-1"], {"msg": "auth failed with sk-SENTINEL-apikey-0001 for hf_SENTINELtoken0002"},
+             status="failed")
+    run.task(FAIL_TASK, ["lab-2"], {"msg": "SENTINEL-nolog-0007", "_ansible_no_log": True}, status="failed")
+    run.stats(failures={"lab-1": 1, "lab-2": 1})
+
+    report = read(base)
+    outputs = {
+        "json": base.with_name("r21.json").read_text(),
+        "markdown": base.with_name("r21.md").read_text(),
+        "stdout": "\n".join(run.cb._display.lines),
+    }
+    for where, text in outputs.items():
+        assert "SENTINEL" not in text, where
+        assert "ANSIBLE_VAULT" not in text, where
+    extra = report["extra_vars"]
+    assert extra["sglang_service_api_key"] == extra["sglang_model_hf_token"] == extra["MY_SECRET"] == "<redacted>"
+    assert extra["nested"] == {"db_password": "<redacted>", "vault_anything": "<redacted>", "keep": "visible"}
+    assert extra["innocent_name"] == extra["pasted"] == "<redacted>"
+    rows = {h["host"]: h for h in report["hosts"]}
+    assert rows["lab-1"]["message"] == "auth failed with <redacted> for <redacted>"
+    assert "no_log" in rows["lab-2"]["message"]
+
+
+def test_advice_is_kept_whole_in_json_markdown_and_stdout(tmp_path):
+    base = tmp_path / "r22"
+    advice = (
+        "lab-1 does not serve ep8: outcome restored. " + "The KV pool did not fit at the profile's fraction; " * 8
+        + "so a higher --mem-fraction-static 0.848 or a smaller --context-length would leave room."
+    )
+    assert len(advice) > 500
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({})
+    restored = {"asked_profile": "ep8", "serving_profile": "tp8", "outcome": "restored", "ooms": 1, "attempts": 2}
+    run.serve_batch(["lab-1"], {"lab-1": restored})
+    run.task(FAIL_TASK, ["lab-1"], {"msg": advice}, status="failed")
+    run.stats(failures={"lab-1": 1})
+
+    assert read(base)["hosts"][0]["message"] == advice
+    assert f"- lab-1: {advice}" in base.with_name("r22.md").read_text()
+    assert f"lab-1: {advice}" in "\n".join(run.cb._display.lines).splitlines()
+
+
+def test_next_steps_when_the_canary_is_restored(tmp_path):
+    base = tmp_path / "r23"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({"lab-1": "tp8", "lab-2": "tp8", "lab-3": "tp8"})
+    restored = {"asked_profile": "ep8", "serving_profile": "tp8", "outcome": "restored", "ooms": 1, "attempts": 2}
+    run.serve_batch(["lab-1"], {"lab-1": restored})
+    run.task(FAIL_TASK, ["lab-1"], {"msg": "lab-1 does not serve ep8"}, status="failed")
+    run.stats(failures={"lab-1": 1})
+
+    steps = read(base)["next_steps"]
+    assert steps[0] == "Serving now: tp8 on lab-1, lab-2, lab-3."
+    assert steps[1].startswith("First find out why lab-1 did not end on the asked profile")
+    assert steps[2] == (
+        "To resume (lab-1, lab-2, lab-3 to ep8): "
+        "moefleet rollout -i /srv/moefleet/inventory/sim -e profile=ep8 --limit lab-1,lab-2,lab-3"
+    )
+    assert len(steps) == 3  # nothing changed profile: nothing to roll back
+    markdown = base.with_name("r23.md").read_text()
+    assert "## Next steps" in markdown
+    assert (
+        "- To resume (lab-1, lab-2, lab-3 to ep8): "
+        "`moefleet rollout -i /srv/moefleet/inventory/sim -e profile=ep8 --limit lab-1,lab-2,lab-3`"
+    ) in markdown
+    shown = "\n".join(run.cb._display.lines).splitlines()
+    resume = shown[shown.index("Next steps:") + 3]
+    assert resume.startswith("  To resume (lab-1, lab-2, lab-3 to ep8): moefleet rollout")
+
+
+def test_next_steps_for_a_fleet_left_half_way(tmp_path):
+    base = tmp_path / "r24"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({"lab-1": "tp8", "lab-2": "tp8", "lab-3": "tp8"})
+    run.serve_batch(["lab-1"], {"lab-1": ready()})
+    failed = {"asked_profile": "ep8", "serving_profile": None, "outcome": "failed", "ooms": 0, "attempts": 1}
+    run.serve_batch(["lab-2"], {"lab-2": failed})
+    run.task(FAIL_TASK, ["lab-2"], {"msg": "lab-2 serves nothing"}, status="failed")
+    run.stats(failures={"lab-2": 1})
+
+    steps = read(base)["next_steps"]
+    assert steps[0] == "Serving now: ep8 on lab-1; tp8 on lab-3; nothing known to serve on lab-2."
+    assert "moefleet rollout -i /srv/moefleet/inventory/sim -e profile=ep8 --limit lab-2,lab-3" in steps[2]
+    assert steps[3] == (
+        "To roll lab-1 back to tp8: moefleet rollout -i /srv/moefleet/inventory/sim -e profile=tp8 --limit lab-1"
+    )
