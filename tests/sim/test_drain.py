@@ -3,12 +3,16 @@ are refused at once, requests in flight finish, then it exits; SGL_FORCE_SHUTDOW
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import threading
 import time
 import urllib.error
 import urllib.request
+
+import pytest
 
 TP8 = ("--tp-size", "8", "--mem-fraction-static", "0.8")
 # Requests decode on a slow clock of their own, so one streamed answer lasts about two seconds.
@@ -81,3 +85,50 @@ def test_force_shutdown_skips_the_wait(lab):
     assert time.monotonic() - started < 3
     t.join(30)
     assert not out.get("done"), "the request in flight was cut off"
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def _stop_as_systemd(srv, kill_mode: str, timeout: float = 15.0) -> float:
+    """systemctl stop of a unit running the server, as systemd sends its signals for this KillMode:
+    control-group: SIGTERM to every process of the group at once; mixed: SIGTERM to the main process alone,
+    SIGKILL to whatever is left once it is gone. Returns the seconds the stop took."""
+    ranks = _children(srv.proc.pid)
+    assert ranks, "the server runs its scheduler processes"
+    started = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    if kill_mode == "control-group":
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    srv.wait_exit(timeout)
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("kill_mode", ["mixed", "control-group"])
+def test_a_stop_finishes_the_requests_in_flight_only_under_kill_mode_mixed(lab, kill_mode):
+    """sglang.service's KillMode=mixed: the main process drains while its schedulers keep decoding. Under
+    control-group the schedulers get SIGTERM too, die at once, and every request in flight is cut."""
+    srv = lab.start(*TP8, env=SLOW)
+    srv.wait_ready()
+    outs: list[dict] = [{} for _ in range(3)]
+    threads = [threading.Thread(target=stream, args=(srv.port, out)) for out in outs]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # the requests run
+    took = _stop_as_systemd(srv, kill_mode)
+    for t in threads:
+        t.join(30)
+    finished = sum(bool(out.get("done")) for out in outs)
+    if kill_mode == "mixed":
+        assert finished == 3, outs
+        assert took > 0.5, "the stop waited for the requests"
+        assert "Gracefully exiting... Remaining number of requests 0." in srv.log
+    else:
+        assert finished == 0, outs
