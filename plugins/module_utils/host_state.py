@@ -14,6 +14,9 @@ HISTORY_KEPT = 50
 SERVER_ARGS = ("tp_size", "ep_size", "pp_size", "dp_size", "enable_dp_attention")
 # A worker's state in the routers (roles/sglang_router; smg's GET /workers), most to least available.
 ROUTER_STATES = ("ready", "draining", "out", "unknown")
+# What `moefleet status` says of a host now (its outcome column, the entry's "state"): only "ready" is a host
+# that serves what it was asked.
+HOST_STATES = ("ready", "degraded", "restored", "failed", "down", "unknown")
 
 
 def local_facts(
@@ -63,8 +66,9 @@ def status_entry(
     """One host's line of the status document (playbooks/status.yml; `moefleet status` prints it).
 
     ``health`` is ``serving`` (/health answers 200), ``starting`` (503, or the unit is on its way up),
-    ``down`` or ``unreachable``; ``server_args`` the parallelism /server_info reports, null when it did not
-    answer. ``router`` (router_state's answer) is added only for a fleet with routers."""
+    ``down`` or ``unreachable``; ``state`` what the host is now (host_outcome); ``server_args`` the
+    parallelism /server_info reports, null when it did not answer. ``router`` (router_state's answer) is
+    added only for a fleet with routers."""
     local, runtime = (local or {}, runtime or {}) if reachable else ({}, {})
     unit = unit_state or "unknown"
     if not reachable:
@@ -79,6 +83,7 @@ def status_entry(
     return {
         "host": host,
         "health": health,
+        "state": host_outcome(health, local.get("outcome"), local.get("serving_profile"), local.get("asked_profile")),
         "unit": unit,
         "serving_profile": local.get("serving_profile"),
         "asked_profile": local.get("asked_profile"),
@@ -89,6 +94,30 @@ def status_entry(
         "runtime_ooms": int(runtime.get("ooms") or 0),
         "last_runtime_failure": runtime.get("last"),
     } | ({"router": router} if router is not None else {})
+
+
+def host_outcome(health: str, recorded: str | None, serving: str | None, asked: str | None) -> str:
+    """What a host is now, from its health and what its local facts recorded (``outcome``, serving and asked
+    profile): ``ready`` (serves the profile it was asked), ``degraded`` (a fallback serves), ``restored`` (the
+    last unit that served runs again, not the asked one), ``failed`` (the last run left nothing serving), ``down``
+    (not serving, whatever the last run recorded), ``unknown`` (unreachable, or no moefleet facts to compare)."""
+    if health == "unreachable" or (recorded is None and asked is None):
+        return "unknown"
+    if health != "serving":
+        return "failed" if recorded == "failed" else "down"
+    if recorded in ("restored", "degraded", "failed"):
+        return recorded
+    return "ready" if serving is not None and serving == asked else "degraded"
+
+
+def router_workers(answers: Sequence[Mapping[str, Any]] | None) -> list[list[Mapping[str, Any]] | None]:
+    """Each router's GET /workers list from the uri results of playbooks/status.yml (None: it did not answer)."""
+    listings: list[list[Mapping[str, Any]] | None] = []
+    for answer in answers or []:
+        body = answer.get("json") if isinstance(answer, Mapping) and answer.get("status") == 200 else None
+        workers = body.get("workers") if isinstance(body, Mapping) else None
+        listings.append(list(workers) if isinstance(workers, list) else None)
+    return listings
 
 
 def router_state(worker_url: str, listings: Sequence[Sequence[Mapping[str, Any]] | None]) -> str | None:

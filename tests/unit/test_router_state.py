@@ -63,5 +63,33 @@ def test_the_status_table_shows_a_router_column_only_with_routers():
     plain = render_table([base])
     assert "router" not in plain.splitlines()[0]
     routed = render_table([base | {"router": "draining"}, base | {"host": "lab-2", "router": "ready"}]).splitlines()
-    assert routed[0].split()[:5] == ["host", "serving", "asked", "health", "router"]
-    assert routed[2].split()[4] == "draining" and routed[3].split()[4] == "ready"
+    assert routed[0].split()[:6] == ["host", "serving", "asked", "outcome", "health", "router"]
+    assert routed[2].split()[5] == "draining" and routed[3].split()[5] == "ready"
+
+
+def answer(*workers: dict, status: int = 200) -> dict:
+    """One router's item of playbooks/status.yml's uri loop (GET /workers)."""
+    return {"status": status, "json": {"workers": list(workers)}} if status == 200 else {"status": status}
+
+
+@pytest.mark.parametrize(("answers", "state"), [
+    ([answer(worker())], "ready"),
+    ([answer(worker("draining", healthy=False))], "draining"),
+    ([answer(worker(url="http://10.0.0.12:30000"))], "out"),
+    ([answer(worker()), answer(status=-1)], "unknown"),  # a router that did not answer
+    ([answer(worker()), {"status": 200, "json": {"error": "x"}}], "unknown"),  # nor one with no list
+])
+def test_the_status_entry_filter_takes_the_router_answers(answers, state):
+    """playbooks/status.yml hands the filter each router's answer: the one router_state decides (no Jinja copy)."""
+    from ansible_collections.moefleet.serving.plugins.filter.moefleet import status_entry as entry_filter  # noqa: PLC0415
+
+    entry = entry_filter("lab-1", True, {}, {}, "active", "200", {}, {"url": URL, "answers": answers})
+    jsonschema.validate({"hosts": [entry]}, STATUS_SCHEMA)
+    assert entry["router"] == state
+    assert "router" not in entry_filter("lab-1", True, {}, {}, "active", 200, {}, None)
+    assert "router" not in entry_filter("lab-1", True, {}, {}, "active", 200, {}, {"url": URL, "answers": []})
+
+
+def test_status_yml_keeps_no_copy_of_the_router_rules():
+    text = (ROOT / "playbooks" / "status.yml").read_text()
+    assert "draining" not in text and "is_healthy" not in text
