@@ -10,41 +10,63 @@ from pathlib import Path
 from typing import Any
 
 from moefleet import runner
+from moefleet.commands._common import LEGACY_MARK, LEGACY_NOTE, add_target_arguments, utc_text
 
-EXIT_OK, EXIT_NOT_SERVING, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DRIFT, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_NOT_SERVING = EXIT_DRIFT  # the name before drift had its own words
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
-        help="per host: the profile serving, the one asked for, health and the last rollback",
+        help="per host: what it serves against what it was asked, its outcome, health and last rollback",
         description=(
             "Run playbooks/status.yml through ansible-runner (it changes nothing on the hosts) and print, per "
-            "host, the profile serving, the one asked for, health (serving, starting, down, unreachable), "
-            "with routers its state in them (ready, draining, out, unknown), and the last rollback. Exit 0 "
-            "when every host serves, 1 otherwise, 2 on bad input."
+            "host, the profile serving, the one asked for, the outcome (ready: serves what it was asked; "
+            "degraded: a fallback serves; restored: the last unit that served runs instead; failed: the last "
+            "run left nothing serving; down: not serving now; unknown: unreachable or no moefleet facts), "
+            "health (serving, starting, down, unreachable), with routers its state in them (ready, draining, "
+            "out, unknown), the last rollback and failures while serving, then one line saying how many hosts "
+            "serve what they were asked and what the others do. Times are UTC. --json prints the document "
+            "(schemas/status.schema.json) instead. Exit status: 0 only when every host serves what it was "
+            "asked; 1 when a host drifted or does not serve (or no host matched); 2 on input errors; 3 when a "
+            "host was unreachable (before 1)."
         ),
     )
-    parser.add_argument("-i", "--inventory", required=True, metavar="INVENTORY", help="inventory file or directory")
+    add_target_arguments(parser, "only these hosts (Ansible's --limit pattern)")
     parser.add_argument("--json", action="store_true", help="print the JSON document instead of a table")
     parser.set_defaults(func=run)
 
 
 class Failures:
-    """Keeps the first failure message of the run, to say why no document came back."""
+    """Keeps the first failure message of the run, to say why no document came back, and who was unreachable."""
 
     def __init__(self) -> None:
         self.first: str | None = None
+        self.unreachable: dict[str, str] = {}
 
     def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("event") in ("runner_on_failed", "runner_on_unreachable") and self.first is None:
-            data = event.get("event_data") or {}
-            res = data.get("res") if isinstance(data.get("res"), dict) else {}
-            self.first = f"{data.get('host')}: {' '.join(str(res.get('msg', 'failed')).split())}"
+        if event.get("event") not in ("runner_on_failed", "runner_on_unreachable"):
+            return
+        data = event.get("event_data") or {}
+        res = data.get("res") if isinstance(data.get("res"), dict) else {}
+        message = " ".join(str(res.get("msg", "failed")).split())
+        if event.get("event") == "runner_on_unreachable" and data.get("host"):
+            self.unreachable.setdefault(str(data["host"]), message)
+        if self.first is None:
+            self.first = f"{data.get('host')}: {message}"
 
 
-def collect(inventory: str) -> list[dict[str, Any]]:
-    """The status document's hosts; runner.BadInput for bad input, RuntimeError when the run gave none."""
+class NoDocument(RuntimeError):
+    """The status playbook wrote no document; ``unreachable`` names the hosts it could not reach."""
+
+    def __init__(self, message: str, unreachable: dict[str, str]) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+def collect(inventory: str | None, limit: str | None = None) -> list[dict[str, Any]]:
+    """The status document's hosts; runner.BadInput for bad input, NoDocument when the run gave none."""
     with tempfile.TemporaryDirectory(prefix="moefleet-status-") as tmp:
         path = Path(tmp) / "status.json"
         failures = Failures()
@@ -54,33 +76,79 @@ def collect(inventory: str) -> list[dict[str, Any]]:
             {"moefleet_status_path": str(path)},
             on_event=failures,
             notice=lambda m: print(m, file=sys.stderr),
+            limit=limit,
         )
         try:
             return json.loads(path.read_text(encoding="utf-8"))["hosts"]
         except (OSError, ValueError, KeyError):
+            if failures.first is None and limit and outcome.rc not in (None, 0, 4):
+                raise runner.BadInput(f"--limit {limit}: no host of the inventory matches it.") from None
             why = failures.first or f"{outcome.status}, rc {outcome.rc}"
-            raise RuntimeError(f"the status playbook wrote no document ({why}).") from None
+            raise NoDocument(f"the status playbook wrote no document ({why}).", failures.unreachable) from None
+
+
+def exit_code(hosts: list[dict[str, Any]]) -> int:
+    """0 only when every host serves what it was asked; 3 when one was unreachable; 1 otherwise."""
+    if any(h.get("health") == "unreachable" for h in hosts):
+        return EXIT_UNREACHABLE
+    return EXIT_OK if hosts and all(state_of(h) == "ready" for h in hosts) else EXIT_DRIFT
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        hosts = collect(args.inventory)
+        hosts = collect(args.inventory, getattr(args, "limit", None))
     except runner.BadInput as exc:
         print(f"moefleet status: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except RuntimeError as exc:
+    except NoDocument as exc:
         print(f"moefleet status: {exc}", file=sys.stderr)
-        return EXIT_NOT_SERVING
-    print(json.dumps({"hosts": hosts}, indent=2) if args.json else render_table(hosts))
-    return EXIT_OK if hosts and all(h.get("health") == "serving" for h in hosts) else EXIT_NOT_SERVING
+        return EXIT_UNREACHABLE if exc.unreachable else EXIT_DRIFT
+    print(json.dumps({"hosts": hosts}, indent=2) if args.json else render_table(hosts) + "\n" + summary(hosts))
+    return exit_code(hosts)
+
+
+def state_of(host: dict[str, Any]) -> str:
+    """The entry's state (host_state.host_outcome); a document from before it was added: derived the same way."""
+    if host.get("state"):
+        return str(host["state"])
+    from ansible_collections.moefleet.serving.plugins.module_utils.host_state import host_outcome  # noqa: PLC0415
+
+    return host_outcome(str(host.get("health")), host.get("outcome"), host.get("serving_profile"),
+                        host.get("asked_profile"))
+
+
+def _drift(host: dict[str, Any]) -> str:
+    name, state = host.get("host"), state_of(host)
+    asked, serving = host.get("asked_profile"), host.get("serving_profile")
+    if host.get("health") == "unreachable":
+        return f"{name} unreachable"
+    if state == "unknown":
+        return f"{name} has no moefleet facts (never deployed by moefleet?)"
+    if state in ("restored", "degraded"):
+        return f"{name} {state} to {serving or 'nothing'} (asked {asked})"
+    if state == "failed":
+        return f"{name} failed (asked {asked}, serves nothing)"
+    return f"{name} {host.get('health') or 'down'} (asked {asked}, unit {host.get('unit') or 'unknown'})"
+
+
+def summary(hosts: list[dict[str, Any]]) -> str:
+    """``2 of 3 hosts serve what they were asked; lab-2 restored to tp8 (asked ep8)``, and the note on times
+    recorded without a zone when the table shows one."""
+    if not hosts:
+        return "No host matched: nothing to report."
+    ready = sum(1 for h in hosts if state_of(h) == "ready")
+    one = len(hosts) == 1
+    line = f"{ready} of {len(hosts)} host{'' if one else 's'} {'serves' if one else 'serve'} what " + (
+        "it was asked" if one else "they were asked")
+    others = [_drift(h) for h in hosts if state_of(h) != "ready"]
+    return line + ("; " + "; ".join(others) if others else ".")
 
 
 def _rollback(entry: Any) -> str:
     if not isinstance(entry, dict):
         return "-"
-    when = str(entry.get("time") or "")[:19].replace("T", " ")
     reason = f" ({entry['reason']})" if entry.get("reason") else ""
-    return f"{when} {entry.get('from')} -> {entry.get('to')}{reason}".strip()
+    return f"{utc_text(entry.get('time'))} {entry.get('from')} -> {entry.get('to')}{reason}".strip()
 
 
 def _runtime(host: dict[str, Any]) -> str:
@@ -88,20 +156,21 @@ def _runtime(host: dict[str, Any]) -> str:
     last = host.get("last_runtime_failure")
     if not isinstance(last, dict):
         return "-"
-    when = str(last.get("time") or "")[:19].replace("T", " ")
     what = f"{last.get('state')} ({last.get('phase') or last.get('cause')})"
-    return f"{host.get('runtime_ooms') or 0} OOM(s), last {when} {what}"
+    return f"{host.get('runtime_ooms') or 0} OOM(s), last {utc_text(last.get('time'))} {what}"
 
 
 def render_table(hosts: list[dict[str, Any]]) -> str:
     """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unknown)."""
     routed = any("router" in h for h in hosts)
-    header = ("host", "serving", "asked", "health", *(("router",) if routed else ()), "last rollback", "while serving")
+    header = ("host", "serving", "asked", "outcome", "health", *(("router",) if routed else ()), "last rollback",
+              "while serving")
     body = [
         (
             str(h.get("host")),
             h.get("serving_profile") or "-",
             h.get("asked_profile") or "-",
+            state_of(h),
             h.get("health") or "-",
             *((h.get("router") or "-",) if routed else ()),
             _rollback(h.get("last_rollback")),
@@ -114,4 +183,7 @@ def render_table(hosts: list[dict[str, Any]]) -> str:
     def fmt(line: tuple[str, ...]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
 
-    return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths)), *(fmt(line) for line in body)])
+    lines = [fmt(header), fmt(tuple("-" * w for w in widths)), *(fmt(line) for line in body)]
+    if any(f"UTC{LEGACY_MARK}" in cell for line in body for cell in line):
+        lines.append(LEGACY_NOTE)
+    return "\n".join(lines)

@@ -265,25 +265,28 @@ def status_doc(*health: str) -> dict:
     return {"hosts": hosts}
 
 
-def test_status_table_and_exit_0_when_all_serve(monkeypatch, inventory, capsys):
+def test_status_table_and_exit_1_on_drift(monkeypatch, inventory, capsys):
     fake = FakeRun(report=status_doc("serving", "serving"))
     monkeypatch.setattr(runner, "run_playbook", fake)
-    assert cli.main(["status", "-i", str(inventory)]) == 0
+    assert cli.main(["status", "-i", str(inventory)]) == 1  # lab-1 was asked ep8 and serves tp8 (restored)
     assert fake.calls[0][0] == "status.yml"
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["host", "serving", "asked", "health", "last", "rollback", "while", "serving"]
-    assert lines[2].split() == ["lab-1", "tp8", "ep8", "serving", "2026-01-01", "10:00:00", "ep8", "->", "tp8", "(OOM)",
-                                "-"]
-    assert lines[3].split() == ["lab-2", "tp8", "tp8", "serving", "-", "-"]
+    assert lines[0].split() == ["host", "serving", "asked", "outcome", "health", "last", "rollback", "while", "serving"]
+    assert lines[2].split() == ["lab-1", "tp8", "ep8", "restored", "serving", "2026-01-01", "10:00:00", "UTC*", "ep8",
+                                "->", "tp8", "(OOM)", "-"]
+    assert lines[3].split() == ["lab-2", "tp8", "tp8", "restored", "serving", "-", "-"]
+    assert lines[4].startswith("* recorded without a time zone")
+    assert lines[5] == ("0 of 2 hosts serve what they were asked; lab-1 restored to tp8 (asked ep8); "
+                        "lab-2 restored to tp8 (asked tp8)")
 
 
 def test_status_shows_the_runtime_ooms_the_exit_hook_recorded(monkeypatch, inventory, capsys):
     doc = status_doc("serving", "serving")
     doc["hosts"][1].update(runtime_ooms=2, last_runtime_failure={
-        "time": "2026-01-02T03:04:05.6", "state": "oom", "phase": "runtime", "cause": None})
+        "time": "2026-01-02T03:04:05.6+00:00", "state": "oom", "phase": "runtime", "cause": None})
     monkeypatch.setattr(runner, "run_playbook", FakeRun(report=doc))
-    assert cli.main(["status", "-i", str(inventory)]) == 0
-    assert capsys.readouterr().out.splitlines()[3].endswith("2 OOM(s), last 2026-01-02 03:04:05 oom (runtime)")
+    assert cli.main(["status", "-i", str(inventory)]) == 1
+    assert capsys.readouterr().out.splitlines()[3].endswith("2 OOM(s), last 2026-01-02 03:04:05 UTC oom (runtime)")
 
 
 def test_status_json_and_exit_1_when_one_does_not_serve(monkeypatch, inventory, capsys):
@@ -292,15 +295,22 @@ def test_status_json_and_exit_1_when_one_does_not_serve(monkeypatch, inventory, 
     assert json.loads(capsys.readouterr().out) == status_doc("serving", "down")
 
 
-def test_status_without_document_exits_1(monkeypatch, inventory, capsys):
+def test_status_without_document_exits_3_when_hosts_were_unreachable(monkeypatch, inventory, capsys):
     events = [event("runner_on_unreachable", "lab-1", "Read", res={"msg": "no route"})]
     monkeypatch.setattr(runner, "run_playbook", FakeRun(events, None, runner.RunResult("failed", 4)))
-    assert cli.main(["status", "-i", str(inventory)]) == 1
+    assert cli.main(["status", "-i", str(inventory)]) == 3
     assert "lab-1: no route" in capsys.readouterr().err
 
 
+def test_status_without_document_exits_1(monkeypatch, inventory, capsys):
+    events = [event("runner_on_failed", "lab-1", "Read", res={"msg": "boom"})]
+    monkeypatch.setattr(runner, "run_playbook", FakeRun(events, None, runner.RunResult("failed", 2)))
+    assert cli.main(["status", "-i", str(inventory)]) == 1
+    assert "lab-1: boom" in capsys.readouterr().err
+
+
 def test_status_unknown_inventory_exits_2(tmp_path, capsys):
-    assert status.run(type("Args", (), {"inventory": str(tmp_path / "nope"), "json": False})()) == 2
+    assert status.run(type("Args", (), {"inventory": str(tmp_path / "nope"), "json": False, "limit": None})()) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
