@@ -1,22 +1,49 @@
 """How the tests, the molecule scenarios' testinfra tests and the bench run a playbook: the repository's
 ansible-playbook and ansible.cfg, from the repository root, output captured without colour (molecule
-exports ANSIBLE_FORCE_COLOR=true, which wins over ANSIBLE_NOCOLOR, so it is turned off explicitly)."""
+exports ANSIBLE_FORCE_COLOR=true, which wins over ANSIBLE_NOCOLOR, so it is turned off explicitly); and how
+they run a command on a lab host: ssh with the ssh_config sim/lab/lab.py wrote for the inventory."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
 
 
-def run_playbook(inventory: str | Path, playbook: str, *extra_vars: str, options: tuple[str, ...] = (),
+def run_playbook(inventory: str | Path, playbook: str | Path, *extra_vars: str, options: tuple[str, ...] = (),
                  timeout: float | None = None) -> subprocess.CompletedProcess:
     """``ansible-playbook -i INVENTORY ROOT/PLAYBOOK -e V ... OPTIONS``; text output captured."""
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook)]
+    cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook)]
     for value in extra_vars:
         cmd += ["-e", value]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     return subprocess.run([*cmd, *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _lab():
+    """sim/lab/lab.py as a module (loaded once): its ssh_config_path() is the one place that says where the
+    ssh_config of an inventory's hosts lives."""
+    if "moefleet_lab" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("moefleet_lab", ROOT / "sim" / "lab" / "lab.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["moefleet_lab"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["moefleet_lab"]
+
+
+def ssh_config_path(inventory: str | Path) -> Path:
+    """The ssh_config sim/lab/lab.py wrote for this inventory's hosts (outside the inventory directory)."""
+    return _lab().ssh_config_path(Path(inventory))
+
+
+def on_host(inventory: str | Path, host: str, command: str, timeout: float = 300) -> str:
+    """Run a shell command on a lab host over ssh; its stdout followed by its stderr."""
+    result = subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), host, command], text=True,
+                            capture_output=True, timeout=timeout)
+    return result.stdout + result.stderr

@@ -11,6 +11,8 @@
                                        roles/sglang_router) and binds the workers to their lab address
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
     lab.py status                      list the lab's containers and addresses
+    lab.py ssh-config [--inventory P]  print the path of the ssh_config written for that inventory's hosts
+                                       (`ssh -F "$(python3 sim/lab/lab.py ssh-config)" lab-1`)
 
 Several labs can live side by side (`make demo` uses "lab"; each molecule scenario its own name).
 
@@ -49,6 +51,7 @@ INVENTORY = REPO / "inventory" / "sim" / "hosts.yml"
 # A lab host's /dev/nvidia* (8 GPUs), with the majors this machine's kernel would give the driver.
 GPU_NODES = devnodes.nodes(8, devnodes.read_proc_devices())
 SSH_KEY = LAB / "ssh" / "id_ed25519"
+SSH_CONFIGS = LAB / "ssh_config"
 APT_PACKAGES = [
     "podman", "runc", "conmon", "netavark", "aardvark-dns", "containernetworking-plugins",
     "slirp4netns", "uidmap", "fuse-overlayfs", "catatonit", "iptables", "nftables", "debootstrap",
@@ -243,6 +246,15 @@ def ensure_mirror(tag: str) -> str:
     return f"http://{MIRROR}:{MIRROR_PORT}"
 
 
+def ssh_config_path(inventory: Path) -> Path:
+    """The one place that says where the ssh_config for an inventory's hosts lives: in the lab's state directory,
+    never in the inventory's directory (ansible-playbook -i DIR would try every file there as an inventory source
+    and print a screenful of warnings). One file per inventory directory, named after it and its full path."""
+    directory = Path(inventory).resolve().parent
+    digest = hashlib.sha256(str(directory).encode()).hexdigest()[:8]
+    return SSH_CONFIGS / f"{directory.name}-{digest}"
+
+
 def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] | None = None,
                     router: tuple[str, str] | None = None) -> None:
     lines = [
@@ -273,12 +285,14 @@ def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] 
     ssh = [f"Host {short}\n  HostName {ip}\n  User root\n  IdentityFile {SSH_KEY}\n"
            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
            for short, ip in sorted(everyone.items())]
-    # ssh_config beside the inventory: `ssh -F <dir>/ssh_config lab-1`, and testinfra's ssh backend.
-    for target, text in ((path, "\n".join(lines) + "\n"), (path.parent / "ssh_config", "".join(ssh))):
+    # The ssh_config for `ssh -F` and testinfra's ssh backend: ssh_config_path(), outside the inventory directory.
+    for target, text in ((path, "\n".join(lines) + "\n"), (ssh_config_path(path), "".join(ssh))):
         if not target.exists() or target.read_text() != text:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
             log(f"wrote {target}")
+    # Where the lab wrote it before: inside the inventory directory, where Ansible tried to parse it.
+    (path.parent / "ssh_config").unlink(missing_ok=True)
 
 
 def wait_for_ansible(inventory: Path, names: list[str], timeout: float = 120) -> None:
@@ -422,7 +436,8 @@ def down(lab: str | None, inventory: Path) -> None:
         for network in _lab_networks():
             podman("network", "rm", network)
     inventory.unlink(missing_ok=True)
-    (inventory.parent / "ssh_config").unlink(missing_ok=True)
+    ssh_config_path(inventory).unlink(missing_ok=True)
+    (inventory.parent / "ssh_config").unlink(missing_ok=True)  # where earlier versions wrote it
 
 
 def status() -> None:
@@ -449,7 +464,12 @@ def main() -> None:
     down_p.add_argument("--all", action="store_true", help="every lab, the mirror and the network")
     down_p.add_argument("--inventory", type=Path, default=INVENTORY)
     sub.add_parser("status")
+    ssh_p = sub.add_parser("ssh-config", help="print the path of the ssh_config for an inventory's hosts")
+    ssh_p.add_argument("--inventory", type=Path, default=INVENTORY)
     args = parser.parse_args()
+    if args.cmd == "ssh-config":
+        print(ssh_config_path(args.inventory))
+        return
     LAB.mkdir(parents=True, exist_ok=True)
     if args.cmd == "image":
         for release in dict.fromkeys(args.os):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from playbook import run_playbook  # noqa: E402  (tests/playbook.py)
+from playbook import on_host, run_playbook  # noqa: E402  (tests/playbook.py)
 
 pytestmark = pytest.mark.lab
 
@@ -30,19 +29,15 @@ PROFILES = ["tp8", "ep8", "tp2ep4"]
 LADDER = [1, 64]
 
 
-def on_host(inventory: Path, command: str) -> str:
-    result = subprocess.run(["ssh", "-F", inventory.parent / "ssh_config", HOST, command], text=True,
-                            capture_output=True, timeout=120)
-    return result.stdout
-
-
 def serving(inventory: Path) -> dict:
     """What the host serves: its local facts, whether the unit is active, and the unit's command line."""
-    facts = on_host(inventory, "cat /etc/ansible/facts.d/moefleet.fact 2>/dev/null")
+    facts = on_host(inventory, HOST, "cat /etc/ansible/facts.d/moefleet.fact 2>/dev/null")
     return {
         "facts": json.loads(facts) if facts.strip() else {},
-        "active": on_host(inventory, "systemctl is-active sglang.service").strip(),
-        "exec": on_host(inventory, "systemctl show -p ExecStart --value sglang.service | sed 's/ ; start_time=.*//'"),
+        "active": on_host(inventory, HOST, "systemctl is-active sglang.service").strip(),
+        "exec": on_host(
+            inventory, HOST, "systemctl show -p ExecStart --value sglang.service | sed 's/ ; start_time=.*//'"
+        ),
     }
 
 
@@ -91,4 +86,4 @@ def test_sweep_reports_recommends_and_puts_back_what_served(lab_inventory, tmp_p
     assert after["facts"]["outcome"] == "ready"
     assert after["exec"] == before["exec"]
     # Nothing of the sweep is left on the host.
-    assert on_host(lab_inventory, "ls -d /tmp/moefleet-bench.* 2>/dev/null").strip() == ""
+    assert on_host(lab_inventory, HOST, "ls -d /tmp/moefleet-bench.* 2>/dev/null").strip() == ""

@@ -12,7 +12,6 @@ they run in the same session (it leaves itest-2 serving tp8, as they do). About 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -25,9 +24,10 @@ import yaml
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "sim" / "hub"))
+sys.path.insert(0, str(ROOT / "tests"))
 import hub  # noqa: E402  (the stand-in's constants: its token, the test model)
+from playbook import on_host, run_playbook  # noqa: E402  (tests/playbook.py)
 
 HOST = "itest-2"
 TOKEN = hub.LAB_HF_TOKEN  # the one token the stand-in accepts; a sentinel nothing may show
@@ -46,11 +46,6 @@ PLAYBOOK = """---
 """
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{VENV_BIN}:{os.environ['PATH']}",
-                ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-
-
 def extra_vars(tmp_path: Path, name: str, values: dict) -> Path:
     """Variables (secrets among them) go to ansible-playbook as -e @file, never on its command line."""
     path = tmp_path / f"{name}.yml"
@@ -60,18 +55,10 @@ def extra_vars(tmp_path: Path, name: str, values: dict) -> Path:
 
 
 def playbook(inventory: Path, tmp_path: Path, book: Path, values: dict, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [VENV_BIN / "ansible-playbook", "-i", inventory, "--limit", f"{HOST},localhost", book,
-         "-e", f"@{extra_vars(tmp_path, book.stem, values)}", *args],
-        cwd=ROOT, env=env(), text=True, capture_output=True)
+    result = run_playbook(inventory, book, f"@{extra_vars(tmp_path, book.stem, values)}",
+                          options=("--limit", f"{HOST},localhost", *args))
     print(result.stdout[-6000:], result.stderr[-3000:])  # shown when a test fails
     return result
-
-
-def on_host(inventory: Path, command: str) -> str:
-    ssh_config = inventory.parent / "ssh_config"
-    result = subprocess.run(["ssh", "-F", ssh_config, HOST, command], text=True, capture_output=True, timeout=300)
-    return result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +83,7 @@ def test_missing_token_is_refused_before_any_download(lab_inventory, tmp_path, m
     assert result.returncode != 0
     assert f"{hub.GATED_REPO} needs a Hugging Face token" in out and "set sglang_model_hf_token" in out
     assert "Run hf download" not in out  # refused by the preflight, before the download task
-    assert on_host(lab_inventory, f"test -e {target} && echo present || echo absent").strip() == "absent"
+    assert on_host(lab_inventory, HOST, f"test -e {target} && echo present || echo absent").strip() == "absent"
 
 
 def test_wrong_revision_is_refused_with_the_variable(lab_inventory, tmp_path, model_book):
@@ -109,7 +96,7 @@ def test_wrong_revision_is_refused_with_the_variable(lab_inventory, tmp_path, mo
     assert result.returncode != 0
     assert f"{hub.GATED_REPO} has no revision {wrong}" in out and "set sglang_model_revision" in out
     assert "Run hf download" not in out
-    assert on_host(lab_inventory, f"test -e {target} && echo present || echo absent").strip() == "absent"
+    assert on_host(lab_inventory, HOST, f"test -e {target} && echo present || echo absent").strip() == "absent"
     assert TOKEN not in out
 
 
@@ -119,7 +106,7 @@ class PsSampler:
 
     def __init__(self, inventory: Path):
         self.inventory, self.local, self.stop = inventory, [], threading.Event()
-        on_host(inventory, "rm -f /root/ps-samples /root/ps-stop; nohup sh -c 'while [ ! -e /root/ps-stop ]; do "
+        on_host(inventory, HOST, "rm -f /root/ps-samples /root/ps-stop; nohup sh -c 'while [ ! -e /root/ps-stop ]; do "
                            "ps -e -ww -o pid=,user=,args=; ps -e -ww e -o args=; sleep 0.1; done' "
                            ">/root/ps-samples 2>&1 </dev/null &")
         self.thread = threading.Thread(target=self._local, daemon=True)
@@ -133,7 +120,8 @@ class PsSampler:
     def finish(self) -> tuple[str, str]:
         self.stop.set()
         self.thread.join()
-        host = on_host(self.inventory, "touch /root/ps-stop; sleep 0.3; cat /root/ps-samples; rm -f /root/ps-samples")
+        host = on_host(self.inventory, HOST,
+                       "touch /root/ps-stop; sleep 0.3; cat /root/ps-samples; rm -f /root/ps-samples")
         return host, "".join(self.local)
 
 
@@ -146,7 +134,7 @@ def download(lab_inventory, tmp_path_factory, revision):
                       "sglang_model_hf_token": TOKEN, "sglang_model_gated": True, "sglang_service_api_key": API_KEY,
                       "profile": "tp8", "confirm": "yes", "moefleet_report_path": str(reports / "rollout")}
     reports.mkdir()
-    on_host(lab_inventory, "rm -rf /srv/models/tiny-moe")
+    on_host(lab_inventory, HOST, "rm -rf /srv/models/tiny-moe")
     sampler = PsSampler(lab_inventory)
     result = playbook(lab_inventory, tmp, ROOT / "playbooks" / "rollout.yml", values, "-vvv", "--diff")
     ps_host, ps_local = sampler.finish()
@@ -155,7 +143,7 @@ def download(lab_inventory, tmp_path_factory, revision):
 
 def test_download_succeeds_with_the_token(lab_inventory, download, revision):
     assert download["result"].returncode == 0, download["result"].stdout[-3000:]
-    listing = on_host(lab_inventory, "cd /srv/models/tiny-moe && stat -c '%U %s %n' *.json *.safetensors "
+    listing = on_host(lab_inventory, HOST, "cd /srv/models/tiny-moe && stat -c '%U %s %n' *.json *.safetensors "
                                      "&& cat .cache/huggingface/download/config.json.metadata")
     files = hub.model_files(2)
     for name, content in files.items():
@@ -163,7 +151,8 @@ def test_download_succeeds_with_the_token(lab_inventory, download, revision):
     assert revision in listing  # hf recorded the commit it fetched
     # the key really reached SGLang: without it the server refuses, with it it answers
     probe = "curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:30000/v1/models"
-    assert on_host(lab_inventory, f"{probe}; {probe} -H 'Authorization: Bearer {API_KEY}'").split() == ["401", "200"]
+    answers = on_host(lab_inventory, HOST, f"{probe}; {probe} -H 'Authorization: Bearer {API_KEY}'")
+    assert answers.split() == ["401", "200"]
 
 
 def test_ps_sampling_saw_the_download(download):
@@ -182,9 +171,9 @@ def test_sentinels_appear_nowhere(lab_inventory, download, secret):
         "-vvv --diff output": result.stdout + result.stderr,
         "ps on the host": download["ps_host"],
         "ps on the controller": download["ps_local"],
-        "journal": on_host(lab_inventory, "journalctl --no-pager -o verbose"),
-        "unit": on_host(lab_inventory, "systemctl cat sglang.service; cat /etc/systemd/system/sglang*"),
-        "local facts": on_host(lab_inventory, "cat /etc/ansible/facts.d/*"),
+        "journal": on_host(lab_inventory, HOST, "journalctl --no-pager -o verbose"),
+        "unit": on_host(lab_inventory, HOST, "systemctl cat sglang.service; cat /etc/systemd/system/sglang*"),
+        "local facts": on_host(lab_inventory, HOST, "cat /etc/ansible/facts.d/*"),
         "controller fact cache": "".join(p.read_text(errors="replace")
                                          for p in (ROOT / ".ansible" / "facts").glob(f"{HOST}*")),
         "reports": "".join(p.read_text() for p in download["reports"].glob("rollout*")),
@@ -197,7 +186,7 @@ def test_sentinels_appear_nowhere(lab_inventory, download, secret):
 @pytest.mark.parametrize("secret", ["token", "api_key"])
 def test_no_file_others_can_read_holds_a_sentinel(lab_inventory, download, secret):
     value = {"token": TOKEN, "api_key": API_KEY}[secret]
-    found = on_host(lab_inventory, f"grep -rlsF -e '{value}' / --exclude-dir=proc --exclude-dir=sys "
+    found = on_host(lab_inventory, HOST, f"grep -rlsF -e '{value}' / --exclude-dir=proc --exclude-dir=sys "
                                    "--exclude-dir=Kimi-K2.6 | xargs -r stat -c '%a %U:%G %n'")
     for line in found.splitlines():
         mode, owner, path = line.split(" ", 2)

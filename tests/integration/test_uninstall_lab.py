@@ -9,7 +9,6 @@ hosts, and the fixture removes the lab at the end of the session.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -22,7 +21,9 @@ from moefleet import cli
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "tests"))
+from playbook import on_host, run_playbook  # noqa: E402  (tests/playbook.py)
+
 HOST = "itest-2"
 MODEL = "/srv/models/Kimi-K2.6"  # inventory/sim/group_vars/all.yml: sglang_model_path
 REMOVED = [
@@ -48,32 +49,19 @@ SNAPSHOT = (
 )
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{VENV_BIN}:{os.environ['PATH']}",
-                ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-
-
 def playbook(inventory: Path, book: str, *args: str, limit: str = HOST) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [VENV_BIN / "ansible-playbook", "-i", inventory, "--limit", limit, ROOT / book, *args],
-        cwd=ROOT, env=env(), text=True, capture_output=True, timeout=900)
+    result = run_playbook(inventory, book, options=("--limit", limit, *args), timeout=900)
     print(result.stdout[-6000:], result.stderr[-3000:])  # shown when a test fails
     return result
 
 
-def on_host(inventory: Path, command: str) -> str:
-    ssh_config = inventory.parent / "ssh_config"
-    result = subprocess.run(["ssh", "-F", ssh_config, HOST, command], text=True, capture_output=True, timeout=120)
-    return result.stdout + result.stderr
-
-
 def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory, capsys):
     started = time.monotonic()
-    if on_host(lab_inventory, "systemctl is-active sglang.service").strip() != "active":
+    if on_host(lab_inventory, HOST, "systemctl is-active sglang.service").strip() != "active":
         deployed = playbook(lab_inventory, "deploy.yml", "-e", "profile=tp8", limit=f"{HOST},localhost")
         assert deployed.returncode == 0, "the deploy before the uninstall failed"
     deployed_at = time.monotonic()
-    before = on_host(lab_inventory, SNAPSHOT)
+    before = on_host(lab_inventory, HOST, SNAPSHOT)
     assert f"present {REMOVED[0]}" in before and "\nactive\n" in before and "user sglang" in before, before
 
     # moefleet rollout --check reads the same host without touching it (and prints what the README shows)
@@ -81,7 +69,7 @@ def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory, cap
     plan = capsys.readouterr().out
     print(plan)
     assert code == 0 and f"canary:\n  {HOST}  restart: serves tp8, asked ep8" in plan
-    assert on_host(lab_inventory, SNAPSHOT) == before
+    assert on_host(lab_inventory, HOST, SNAPSHOT) == before
 
     checked = playbook(lab_inventory, "playbooks/uninstall.yml", "--check")
     said = " ".join(checked.stdout.split())  # the YAML callback folds long messages
@@ -90,22 +78,22 @@ def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory, cap
     for path in ("/etc/systemd/system/sglang.service,", "/var/lib/moefleet,", "/opt/sglang/venv,", "user sglang"):
         assert path in said, path
     assert f"Kept: {MODEL} (the model; -e remove_model=yes removes it)" in said
-    assert on_host(lab_inventory, SNAPSHOT) == before  # check mode touched nothing
+    assert on_host(lab_inventory, HOST, SNAPSHOT) == before  # check mode touched nothing
 
     refused = playbook(lab_inventory, "playbooks/uninstall.yml")
     assert refused.returncode != 0
     assert f"the service user from {HOST}. Rerun with -e confirm=yes" in " ".join(refused.stdout.split())
-    assert on_host(lab_inventory, SNAPSHOT) == before
+    assert on_host(lab_inventory, HOST, SNAPSHOT) == before
 
     removed = playbook(lab_inventory, "playbooks/uninstall.yml", "-e", "confirm=yes")
     assert removed.returncode == 0
-    after = on_host(lab_inventory, SNAPSHOT)
+    after = on_host(lab_inventory, HOST, SNAPSHOT)
     for path in REMOVED:
         assert f"absent {path}" in after, path
     assert f"present {MODEL}/config.json" in after
     assert "no user sglang" in after and "no group sglang" in after
     assert "\n0\n" in after  # no sglang.service* left in /etc/systemd/system (backups included)
-    assert on_host(lab_inventory, "systemctl cat sglang.service >/dev/null 2>&1 && echo known || echo unknown"
+    assert on_host(lab_inventory, HOST, "systemctl cat sglang.service >/dev/null 2>&1 && echo known || echo unknown"
                    ).strip() == "unknown"
 
     again = playbook(lab_inventory, "playbooks/uninstall.yml", "-e", "confirm=yes")

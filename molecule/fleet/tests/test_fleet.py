@@ -10,7 +10,7 @@ import testinfra
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-from playbook import run_playbook  # noqa: E402
+from playbook import run_playbook, ssh_config_path  # noqa: E402
 
 INVENTORY = Path(os.environ["MOEFLEET_LAB_INVENTORY"])
 HOSTS = [f"fleet-{i}" for i in range(1, 5)]
@@ -23,7 +23,7 @@ def rollout(report: Path, *extra_vars: str) -> tuple[int, str]:
 
 
 def host(name: str):
-    return testinfra.get_host(f"ssh://{name}", ssh_config=str(INVENTORY.parent / "ssh_config"))
+    return testinfra.get_host(f"ssh://{name}", ssh_config=str(ssh_config_path(INVENTORY)))
 
 
 def serving(name: str) -> tuple[str, int, str]:
