@@ -24,7 +24,7 @@ import jsonschema
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from playbook import ROOT, run_playbook  # noqa: E402
+from playbook import ROOT, run_playbook, ssh_config_path  # noqa: E402
 from router_load import Load, percentile  # noqa: E402
 
 pytestmark = pytest.mark.lab
@@ -57,7 +57,7 @@ def _run(*cmd: str | Path) -> subprocess.CompletedProcess:
 
 
 def _ssh(inventory: Path, host: str, command: str) -> str:
-    ssh_config = inventory.parent / "ssh_config"
+    ssh_config = ssh_config_path(inventory)
     return subprocess.run(["ssh", "-F", str(ssh_config), host, command], text=True, capture_output=True,
                           check=True, timeout=60).stdout
 
