@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from playbook import run_playbook  # noqa: E402
+from playbook import run_playbook, ssh_config_path  # noqa: E402
 
 LAB = "kvbench"
 FAULTS = json.dumps({"sim_faults": [{"fault": "oom_kv_cache", "profile": "tp2ep4"}]})
@@ -34,7 +34,7 @@ def lab(*args: str) -> None:
 
 
 def host_facts(inventory: Path) -> dict:
-    out = subprocess.run(["ssh", "-F", str(inventory.parent / "ssh_config"), f"{LAB}-1",
+    out = subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), f"{LAB}-1",
                           "cat /etc/ansible/facts.d/moefleet.fact"], capture_output=True, text=True).stdout
     return json.loads(out or "{}")
 
