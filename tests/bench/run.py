@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from playbook import run_playbook  # noqa: E402
+from playbook import run_playbook, ssh_config_path  # noqa: E402
 from readiness_module import module_command  # noqa: E402
 from simproc import free_port, kill_group  # noqa: E402
 
@@ -340,7 +340,7 @@ def rollout_bench() -> None:
             _playbook(inventory, "deploy.yml", "profile=tp2ep4")  # back to the same start each time
             faults = json.dumps({"sim_faults": [{"fault": fault, "profile": asked}]})
             seconds, rc = _playbook(inventory, "deploy.yml", f"profile={asked}", faults)
-            facts = subprocess.run(["ssh", "-F", str(inventory.parent / "ssh_config"), "bench-1",
+            facts = subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), "bench-1",
                                     "cat /etc/ansible/facts.d/moefleet.fact"], capture_output=True, text=True).stdout
             ends = json.loads(facts or "{}")
             print(f"{fault:<16} {asked:<7} {seconds:>7.1f}  {rc:>2}  {ends.get('serving_profile')} "
