@@ -9,11 +9,13 @@ import re
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from moefleet import runner
+from moefleet.commands._common import add_target_arguments
 
 EXIT_OK, EXIT_NOT_DONE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -24,6 +26,19 @@ PHASE_STATES = {"installing": "installing", "loading": "loading", "rolling back"
                 "restoring": "rolled back"}
 CONTROLLER = "controller"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What differs between `moefleet rollout` and `moefleet deploy`; the rest of this module serves both."""
+
+    command: str  # the subcommand's name, in messages and the default report name
+    playbook: str  # under playbooks/
+    batches: bool  # rollout: canary, then batches (moefleet_serial, or one host at a time behind routers);
+    # deploy: every host at once
+
+
+ROLLOUT = Kind("rollout", "rollout.yml", batches=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,25 +55,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "130 on Ctrl-C."
         ),
     )
-    parser.add_argument(
-        "-i", "--inventory", metavar="INVENTORY", help="inventory file or directory (default: ansible.cfg's)"
+    add_arguments(
+        parser,
+        ROLLOUT,
+        check_help="print the batches (canary first) and what would change on each host, touching nothing: the "
+        "batches come from moefleet_serial (playbooks/rollout.yml's, or -e) and the inventory's order, as Ansible "
+        "cuts them; what each host serves from its local facts (read-only fact gathering)",
     )
-    parser.add_argument(
-        "-l", "--limit", metavar="PATTERN", help="only these hosts (Ansible's --limit pattern; the controller is added)"
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="print the batches (canary first) and what would change on each host, touching nothing: the batches "
-        "come from moefleet_serial (playbooks/rollout.yml's, or -e) and the inventory's order, as Ansible cuts "
-        "them; what each host serves from its local facts (read-only fact gathering)",
-    )
+    parser.set_defaults(func=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser, kind: Kind, check_help: str) -> None:
+    """The arguments `moefleet rollout` and `moefleet deploy` share."""
+    add_target_arguments(parser, "only these hosts (Ansible's --limit pattern; the controller is added)")
+    parser.add_argument("--check", action="store_true", help=check_help)
     parser.add_argument(
         "-y",
         "--yes",
         action="store_true",
         help="restart hosts that serve another profile without asking (the same as -e confirm=yes); on a "
-        "terminal the rollout otherwise asks y/N, listing them, and elsewhere refuses",
+        f"terminal the {kind.command} otherwise asks y/N, listing them, and elsewhere refuses",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the report (or with --check the plan) as JSON on stdout"
@@ -72,9 +88,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="KEY=VALUE (several, space-separated), a JSON/YAML object, or @FILE; repeatable (-e profile=ep8)",
     )
     parser.add_argument(
-        "--report", type=Path, metavar="PATH", help="report path without extension (default reports/rollout-<UTC>)"
+        "--report", type=Path, metavar="PATH",
+        help=f"report path without extension (default reports/{kind.command}-<UTC>)",
     )
-    parser.set_defaults(func=run)
 
 
 def parse_extra_vars(values: list[str]) -> dict[str, Any]:
@@ -174,10 +190,10 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def report_base(path: Path | None) -> Path:
+def report_base(path: Path | None, name: str = "rollout") -> Path:
     if path is None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        return Path.cwd() / "reports" / f"rollout-{stamp}"
+        return Path.cwd() / "reports" / f"{name}-{stamp}"
     path = path.expanduser().resolve()
     return path.with_suffix("") if path.suffix in (".json", ".md") else path
 
@@ -195,21 +211,27 @@ def exit_code(report: dict[str, Any]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    return execute(args, ROLLOUT)
+
+
+def execute(args: argparse.Namespace, kind: Kind) -> int:
+    """Run the kind's playbook as `moefleet rollout` does: the plan (--check), the confirmation, progress, report."""
+    name = f"moefleet {kind.command}"
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
         extravars = parse_extra_vars(args.extra_vars)
         confirmed = args.yes or str(extravars.get("confirm", "no")).lower() in ("yes", "true", "1")
         if args.check or not confirmed:
-            plan = plan_rollout(args.inventory, extravars, args.limit)
+            plan = plan_rollout(args.inventory, extravars, args.limit, kind)
         if args.check:
             print(json.dumps(plan, indent=2) if args.json else render_plan(plan))
             return EXIT_OK
-        base = report_base(args.report)
+        base = report_base(args.report, kind.command)
         if not confirmed and plan["restart"]:
             if not ask(plan):
                 write_refusal_report(base, plan)
                 print(
-                    f"moefleet rollout: refused at confirmation; nothing changed. {restart_sentence(plan)} Rerun "
+                    f"{name}: refused at confirmation; nothing changed. {restart_sentence(plan)} Rerun "
                     "with --yes (or -e confirm=yes) to restart them.",
                     file=sys.stderr,
                 )
@@ -221,11 +243,11 @@ def run(args: argparse.Namespace) -> int:
         extravars["moefleet_report_path"] = str(base)
         progress = Progress(out=sys.stderr if args.json else None)
         outcome = runner.run_playbook(
-            "rollout.yml", args.inventory, extravars, on_event=progress, notice=lambda m: print(m, file=sys.stderr),
+            kind.playbook, args.inventory, extravars, on_event=progress, notice=lambda m: print(m, file=sys.stderr),
             limit=f"{args.limit},localhost" if args.limit else None,
         )
     except runner.BadInput as exc:
-        print(f"moefleet rollout: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     report = read_report(base)
     reached = report is not None and any(row.get("outcome") != "untouched" for row in report.get("hosts", []))
@@ -233,16 +255,16 @@ def run(args: argparse.Namespace) -> int:
         if progress.input_error.startswith(CONFIRMATION_REFUSAL) and report is not None:
             # the playbook's own confirmation (the hosts' facts changed since the plan): the report says so
             mark_refused(base, report, progress.input_error)
-            print(f"moefleet rollout: refused at confirmation; {progress.input_error}", file=sys.stderr)
+            print(f"{name}: refused at confirmation; {progress.input_error}", file=sys.stderr)
             return EXIT_NOT_DONE
-        print(f"moefleet rollout: {progress.input_error}", file=sys.stderr)
+        print(f"{name}: {progress.input_error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if report is None:
         print(
-            f"moefleet rollout: the run ended ({outcome.status}, rc {outcome.rc}) without writing its report "
+            f"{name}: the run ended ({outcome.status}, rc {outcome.rc}) without writing its report "
             f"{base}.json; is callbacks_enabled = moefleet.serving.moefleet_report in effect?"
             if not outcome.hard_stopped
-            else "moefleet rollout: stopped at once; no report was written.",
+            else f"{name}: stopped at once; no report was written.",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED if outcome.interrupted else EXIT_NOT_DONE
@@ -303,9 +325,12 @@ def batches(hosts: list[str], serial: list[Any]) -> list[list[str]]:
     return out
 
 
-def plan_rollout(inventory: str | None, extravars: dict[str, Any], limit: str | None) -> dict[str, Any]:
+def plan_rollout(
+    inventory: str | None, extravars: dict[str, Any], limit: str | None, kind: Kind = ROLLOUT
+) -> dict[str, Any]:
     """Which hosts, in which batch, and what would change on each: two read-only ad-hoc runs through the
-    same runner (the hosts' asked profile and play order; their local facts)."""
+    same runner (the hosts' asked profile and play order; their local facts). A kind without batches (deploy)
+    puts every host in one batch, with no canary, routers or not (deploy.yml does not drain)."""
     asked_expr = "profile" if "profile" in extravars else "sglang_profile | default(none)"
     looked = runner.run_adhoc(
         "ansible.builtin.debug",
@@ -316,15 +341,19 @@ def plan_rollout(inventory: str | None, extravars: dict[str, Any], limit: str | 
     if looked.failed:
         raise runner.BadInput(f"Cannot plan the rollout: {next(iter(looked.failed.values()))}")
     if not looked.ok:
-        return {"inventory": str(runner.inventory_path(inventory)), "limit": limit, "serial": [],
+        return {"playbook": kind.playbook, "inventory": str(runner.inventory_path(inventory)), "limit": limit,
+                "serial": [],
                 "behind_routers": False, "batches": 0, "hosts": [], "restart": [], "touched": False}
     first = next(iter(looked.ok.values()))["msg"]
     order = list(first["order"])
     facts = runner.run_adhoc(
         "ansible.builtin.setup", "filter=ansible_local gather_subset=!all,!min,local", inventory, GROUP, limit
     )
-    behind_routers = bool(first["routers"])
-    serial = [int(first["max_unavailable"])] if behind_routers else rollout_serial(extravars)
+    behind_routers = bool(first["routers"]) and kind.batches
+    if not kind.batches:
+        serial: list[Any] = [0]
+    else:
+        serial = [int(first["max_unavailable"])] if behind_routers else rollout_serial(extravars)
     rows, restart = [], []
     for number, batch in enumerate(batches(order, serial), start=1):
         for host in batch:
@@ -348,9 +377,10 @@ def plan_rollout(inventory: str | None, extravars: dict[str, Any], limit: str | 
             else:
                 change = f"restart: serves {serving}, asked {asked}"
                 restart.append(host)
-            rows.append({"host": host, "batch": number, "canary": number == 1 and len(batch) == 1,
+            rows.append({"host": host, "batch": number, "canary": kind.batches and number == 1 and len(batch) == 1,
                          "asked_profile": asked, "serving_profile": serving, "change": change})
     return {
+        "playbook": kind.playbook,
         "inventory": str(runner.inventory_path(inventory)),
         "limit": limit,
         "serial": serial,
@@ -363,22 +393,26 @@ def plan_rollout(inventory: str | None, extravars: dict[str, Any], limit: str | 
 
 
 def render_plan(plan: dict[str, Any]) -> str:
+    deploy = plan.get("playbook") == "deploy.yml"
     how = (
-        f"behind routers, {plan['serial'][0]} host(s) at a time" if plan["behind_routers"]
+        "every host at once" if deploy
+        else f"behind routers, {plan['serial'][0]} host(s) at a time" if plan["behind_routers"]
         else f"serial {json.dumps(plan['serial'])}"
     )
-    lines = [f"Rollout plan ({how}; nothing was changed):"]
+    what = "Deploy" if deploy else "Rollout"
+    lines = [f"{what} plan ({how}; nothing was changed):"]
     if not plan["hosts"]:
         where = f" with --limit {plan['limit']}" if plan["limit"] else ""
         lines.append(f"  no host of group {GROUP} in {plan['inventory']}{where}: nothing would change.")
     for number in range(1, plan["batches"] + 1):
         rows = [row for row in plan["hosts"] if row["batch"] == number]
-        label = "canary" if rows and rows[0]["canary"] else f"batch {number}"
+        label = "canary" if rows and rows[0]["canary"] else "every host" if deploy else f"batch {number}"
         lines.append(f"{label}:")
         width = max(len(row["host"]) for row in rows)
         lines += [f"  {row['host']:<{width}}  {row['change']}" for row in rows]
     if plan["restart"]:
-        lines.append(f"{restart_sentence(plan)} The rollout asks before restarting them (--yes: without asking).")
+        lines.append(f"{restart_sentence(plan)} The {what.lower()} asks before restarting them (--yes: without "
+                     "asking).")
     return "\n".join(lines)
 
 
@@ -406,7 +440,8 @@ def ask(plan: dict[str, Any], stdin: TextIO | None = None, stderr: TextIO | None
 
 def _refusal_markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"# Rollout report: {report.get('asked_profile') or 'each host profile'}",
+        f"# {'Deploy' if report.get('playbook') == 'deploy.yml' else 'Rollout'} report: "
+        f"{report.get('asked_profile') or 'each host profile'}",
         "",
         f"- Result: **{report.get('result')}** ({report.get('stopped_by')})",
         f"- Started: {report.get('started')}; ended: {report.get('ended')} ({report.get('seconds')} s)",
@@ -434,7 +469,7 @@ def write_refusal_report(base: Path, plan: dict[str, Any]) -> None:
     now = datetime.now(UTC).isoformat(timespec="seconds")
     asked = {row["asked_profile"] for row in plan["hosts"]}
     report = {
-        "playbook": "rollout.yml",
+        "playbook": plan.get("playbook", "rollout.yml"),
         "asked_profile": asked.pop() if len(asked) == 1 else None,
         "started": now,
         "ended": now,

@@ -528,3 +528,66 @@ def test_run_adhoc_runs_one_module_with_the_rollouts_configuration(monkeypatch, 
         "ansible.builtin.setup", "filter=ansible_local", "blackwell", "lab-1")
     assert seen["inventory"] == str(inventory.resolve()) and seen["extravars"] == {"a": 1}
     assert seen["envvars"]["ANSIBLE_CONFIG"] == str(collection.ROOT / "ansible.cfg")
+
+
+# -- moefleet deploy: deploy.yml with rollout's conventions (issue 15) ---------------------------------------
+
+
+def test_deploy_check_puts_every_host_in_one_batch_without_a_canary(fleet, inventory, capsys):
+    adhoc, run = fleet
+    assert cli.main(["deploy", "-i", str(inventory), "-e", "profile=ep8", "--check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert run.calls == [] and [module for module, _, _ in adhoc.calls] == ["ansible.builtin.debug",
+                                                                             "ansible.builtin.setup"]
+    assert lines[0] == "Deploy plan (every host at once; nothing was changed):"
+    assert lines[1] == "every host:"
+    assert [line.split()[0] for line in lines[2:6]] == ["lab-1", "lab-2", "lab-3", "lab-4"]
+    assert lines[-1].endswith("The deploy asks before restarting them (--yes: without asking).")
+
+
+def test_deploy_check_json_ignores_routers(monkeypatch, inventory, capsys):
+    monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({"lab-1": "ep8", "lab-2": "ep8"}, routers=["lab-router"]))
+    assert cli.main(["deploy", "-i", str(inventory), "--check", "--json", "-e", "profile=ep8"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["playbook"], plan["behind_routers"], plan["batches"], plan["serial"]) == ("deploy.yml", False, 1, [0])
+    assert [row["canary"] for row in plan["hosts"]] == [False, False]
+
+
+def test_deploy_runs_deploy_yml_with_the_limit_and_the_controller(fleet, inventory, tmp_path):
+    _, run = fleet
+    assert cli.main(["deploy", "-i", str(inventory), "-e", "profile=ep8", "--yes", "-l", "lab-1",
+                     "--report", str(tmp_path / "r")]) == 0
+    assert run.calls[0][0] == "deploy.yml" and run.limits == ["lab-1,localhost"]
+    assert run.calls[0][2]["confirm"] == "yes" and run.calls[0][2]["moefleet_report_path"] == str(tmp_path / "r")
+
+
+def test_deploy_refuses_at_confirmation_off_a_terminal(fleet, inventory, tmp_path, capsys):
+    _, run = fleet
+    assert cli.main(["deploy", "-i", str(inventory), "-e", "profile=ep8", "--report", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert run.calls == [] and "moefleet deploy: refused at confirmation; nothing changed." in err
+    assert "lab-2 (tp8 -> ep8)" in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(report, json.loads((collection.ROOT / "schemas" / "rollout_report.schema.json").read_text()))
+    assert report["playbook"] == "deploy.yml"
+    assert (tmp_path / "r.md").read_text().startswith("# Deploy report: ep8")
+
+
+def test_deploy_json_exit_codes_and_default_report_name(fleet, inventory, tmp_path, monkeypatch, capsys):
+    _, run = fleet
+    monkeypatch.chdir(tmp_path)
+    run.report = {"result": "complete", "hosts": [host_row("lab-1", "ready"), host_row("lab-2", "degraded", "tp8")]}
+    assert cli.main(["deploy", "-i", str(inventory), "-e", "profile=ep8", "--yes", "--json"]) == 1  # degraded
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["result"] == "complete"
+    assert [p.name.split("-")[0] for p in (tmp_path / "reports").glob("*.json")] == ["deploy"]
+    assert cli.main(["deploy", "-i", str(tmp_path / "nope"), "-e", "profile=ep8", "--yes"]) == 2
+
+
+def test_deploy_help_shares_rollouts_arguments(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["deploy", "--help"])
+    text = capsys.readouterr().out
+    for option in ("-i INVENTORY", "--limit PATTERN", "--check", "--yes", "--json", "--extra-vars VARS", "--report"):
+        assert option in text
