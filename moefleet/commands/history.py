@@ -123,9 +123,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     local = (result.ok[args.host].get("ansible_facts") or {}).get("ansible_local") or {}
     doc = timeline(args.host, local)
-    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    if args.json:
+        print(json.dumps(doc, indent=2))
     if not isinstance(local.get("moefleet"), dict):
         print(f"moefleet history: {args.host} has no moefleet local facts: moefleet never deployed it.",
               file=sys.stderr)
         return EXIT_NO_FACTS
+    if not args.json:
+        print(render(doc))
     return EXIT_OK
