@@ -504,7 +504,7 @@ def next_steps(report: dict, previous: dict[str, str]) -> list[str]:
     broken = [row["host"] for row in behind if row["outcome"] in ("failed", "restored", "degraded", "unreachable")]
     if broken:
         steps.append(
-            f"First find out why {', '.join(broken)} did not end on the asked profile: the Notes above, "
+            f"First find out why {', '.join(broken)} did not end on the asked profile: their messages above, "
             "moefleet status, and moefleet diagnose on the host's journal "
             "(journalctl -u sglang.service -o export > sglang.export)."
         )
