@@ -62,6 +62,43 @@ def _ssh(inventory: Path, host: str, command: str) -> str:
                           check=True, timeout=60).stdout
 
 
+class _Phases:
+    """Prints how long each step of the fixture took (pytest -s shows it)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def lap(self, what: str) -> None:
+        now = time.monotonic()
+        print(f"{what}: {now - self.last:.1f} s")
+        self.last = now
+
+
+def _worker_urls(inventory: Path) -> dict[str, str]:
+    """Each worker's serving URL, at the private address it binds behind the router (lab.py up --router)."""
+    urls, host = {}, None
+    for line in inventory.read_text().splitlines():
+        word = line.strip().rstrip(":")
+        if word in WORKERS:
+            host = word
+        elif host and line.strip().startswith("sglang_service_host:"):
+            urls[host] = f"http://{line.split(':', 1)[1].strip()}:30000"
+    return urls
+
+
+def _wait_serving(url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{url} does not serve"
+        time.sleep(0.5)
+
+
 def _router_workers(router_url: str) -> list[dict]:
     req = urllib.request.Request(f"{router_url}/workers", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -110,23 +147,29 @@ def routed_lab(tmp_path_factory):
     """3 workers serving tp8 behind the gateway: (inventory, router URL)."""
     base = tmp_path_factory.mktemp("routed")
     inventory = base / "hosts.yml"
+    clock = _Phases()
     _run(sys.executable, LAB_PY, "down", "--name", LAB, "--inventory", inventory)  # a killed run's leftovers
     _run(sys.executable, LAB_PY, "image")
     _run(sys.executable, ROOT / "sim" / "mirrors" / "build.py")
     _run(sys.executable, LAB_PY, "up", "--name", LAB, "--hosts", "3", "--router", "--inventory", inventory)
+    clock.lap("lab up")
     try:
         _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml")
+        clock.lap("prepare")
         # All workers at once (deploy.yml), then the gateway in front of them.
         deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA)
         assert deployed.returncode == 0, deployed.stdout[-4000:]
+        clock.lap("deploy tp8 to 3 workers at once")
         _run(VENV_BIN / "ansible", "-i", inventory, "routers", "-m", "ansible.builtin.include_role",
              "-a", "name=moefleet.serving.sglang_router")
+        clock.lap("gateway install")
         router_ip = [line.split()[-1] for line in inventory.read_text().splitlines() if "ansible_host" in line][-1]
         router_url = f"http://{router_ip}:30000"
         deadline = time.monotonic() + 60
         while sum(w["status"] == "ready" and w["is_healthy"] for w in _router_workers(router_url)) < 3:
             assert time.monotonic() < deadline, _router_workers(router_url)
             time.sleep(1)
+        clock.lap("gateway routes to 3 workers")
         yield inventory, router_url
     finally:
         _run(sys.executable, LAB_PY, "down", "--name", LAB, "--inventory", inventory)
@@ -164,3 +207,59 @@ def test_a_host_whose_start_fails_never_receives_a_request(routed_lab, tmp_path)
     served = [e for e in map(json.loads, journal.splitlines())
               if "POST /v1/chat/completions" in str(e.get("MESSAGE")) and int(e["__REALTIME_TIMESTAMP"]) / 1e6 > since]
     assert {e.get("_SYSTEMD_INVOCATION_ID") for e in served} <= {before}, len(served)
+
+
+def test_the_confirmation_refuses_on_the_hosts_that_would_restart(routed_lab, tmp_path):
+    """Without confirm=yes the rollout fails on each host that serves another profile (not on the first host,
+    which needs no restart here) and changes nothing anywhere."""
+    inventory, _ = routed_lab
+    overlay = tmp_path / "profiles.yml"  # per host: the first keeps what it serves, the second would restart
+    overlay.write_text("blackwell:\n  hosts:\n" + "".join(
+        f"    {h}:\n      sglang_profile: {'tp8' if h == WORKERS[1] else 'ep8'}\n" for h in WORKERS))
+    invocations = {h: _ssh(inventory, h, "systemctl show -P InvocationID sglang.service").strip() for h in WORKERS}
+    cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-i", str(overlay),
+           str(ROOT / "playbooks" / "rollout.yml")]
+    result = subprocess.run(cmd, cwd=ROOT, env=_env(), text=True, capture_output=True, timeout=300)
+    assert result.returncode != 0, result.stdout[-3000:]
+    failed = {line.split("[", 1)[1].split("]", 1)[0] for line in result.stdout.splitlines()
+              if line.startswith("fatal: [")}
+    assert failed == {WORKERS[1]}, result.stdout[-3000:]
+    assert f"These hosts serve another profile and would be restarted: {WORKERS[1]}." in result.stdout
+    assert "Install, check and serve the profile" not in result.stdout, "the run stopped before the rollout"
+    assert {h: _ssh(inventory, h, "systemctl show -P InvocationID sglang.service").strip()
+            for h in WORKERS} == invocations
+
+
+def _stop_under_load(inventory: Path, host: str, url: str) -> tuple[dict, float]:
+    """A plain systemctl stop of the serving host while streamed requests run on it (sent to it directly):
+    the load's summary and the seconds the stop took."""
+    load = Load(url, 6, 6.0, 600).start()  # all 6 start within a second; each streams for about 3 s
+    time.sleep(1.5)
+    began = time.monotonic()
+    _ssh(inventory, host, "systemctl stop sglang.service")
+    took = time.monotonic() - began
+    return load.result(), took
+
+
+def test_a_plain_stop_finishes_the_requests_in_flight(routed_lab):
+    """sglang.service's KillMode=mixed: systemctl stop SIGTERMs SGLang's main process alone, which drains;
+    with KillMode=control-group (a drop-in, to show what it guards against) the same stop cuts them."""
+    inventory, _ = routed_lab
+    host = WORKERS[2]
+    url = _worker_urls(inventory)[host]
+    assert "KillMode=mixed" in _ssh(inventory, host, "systemctl cat sglang.service")
+    mixed, took = _stop_under_load(inventory, host, url)
+    print(f"KillMode=mixed: {mixed}, stop took {took:.1f} s")
+    assert mixed["failed"] == 0 and mixed["sent"] == 6, mixed
+    assert took > 1, "the stop waited for the requests"
+    dropin = "/etc/systemd/system/sglang.service.d/zz-test-killmode.conf"
+    _ssh(inventory, host, f"printf '[Service]\\nKillMode=control-group\\n' > {dropin} && systemctl daemon-reload"
+                          " && systemctl start sglang.service")
+    try:
+        _wait_serving(url)
+        cut, took = _stop_under_load(inventory, host, url)
+        print(f"KillMode=control-group: {cut}, stop took {took:.1f} s")
+        assert cut["failed"] > 0, cut
+    finally:
+        _ssh(inventory, host, f"rm -f {dropin} && systemctl daemon-reload && systemctl start sglang.service")
+    _wait_serving(url)
