@@ -6,7 +6,9 @@ ends on ep8, ready in the router; (2) a rollout of tp2ep4 whose canary runs out 
 falls back) under the same load: no request fails, the rollout stops, and the canary never receives a
 request from the moment it was taken out of the router.
 The workers decode on a slow clock (SGLANG_SIM_SERVE_TIME_SCALE=10: a 200-token answer streams for about a
-second), so requests are in flight whenever a host is drained.
+second), so requests are in flight whenever a host is drained; they start on a fast one. Then (3) the
+rollout's confirmation fails on the hosts that would restart only, and (4) a plain systemctl stop of a
+serving worker finishes the requests in flight (KillMode=mixed) where KillMode=control-group cuts them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ LAB_PY = ROOT / "sim" / "lab" / "lab.py"
 VENV_BIN = Path(sys.executable).parent
 STATUS_SCHEMA = json.loads((ROOT / "schemas" / "status.schema.json").read_text())
 # The same extra environment on every run, so the unit (and its fingerprint) only changes with the profile.
+# Starts run on a fast clock (about 2 s instead of 10: nothing here depends on how long a start takes),
+# requests on a slow one.
 EXTRA = json.dumps({"sglang_service_extra_env": {"SGLANG_SIM_FAULTS": "{{ _lab_sim_faults }}",
+                                                 "SGLANG_SIM_TIME_SCALE": "0.2",
                                                  "SGLANG_SIM_SERVE_TIME_SCALE": "10"}})
 WORKERS = [f"{LAB}-{i}" for i in (1, 2, 3)]
 ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/routers.yml
@@ -156,7 +161,8 @@ def routed_lab(tmp_path_factory):
     try:
         _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml")
         clock.lap("prepare")
-        # All workers at once (deploy.yml), then the gateway in front of them.
+        # All workers at once (deploy.yml), then the gateway in front of them. (Installed meanwhile, the
+        # gateway starts before the workers serve and registers them up to 18 s late: no faster in all.)
         deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA)
         assert deployed.returncode == 0, deployed.stdout[-4000:]
         clock.lap("deploy tp8 to 3 workers at once")
@@ -233,8 +239,8 @@ def test_the_confirmation_refuses_on_the_hosts_that_would_restart(routed_lab, tm
 def _stop_under_load(inventory: Path, host: str, url: str) -> tuple[dict, float]:
     """A plain systemctl stop of the serving host while streamed requests run on it (sent to it directly):
     the load's summary and the seconds the stop took."""
-    load = Load(url, 6, 6.0, 600).start()  # all 6 start within a second; each streams for about 3 s
-    time.sleep(1.5)
+    load = Load(url, 6, 6.0, 1200).start()  # all 6 start within a second; each streams for about 3.5 s
+    time.sleep(1.2)
     began = time.monotonic()
     _ssh(inventory, host, "systemctl stop sglang.service")
     took = time.monotonic() - began
@@ -261,5 +267,19 @@ def test_a_plain_stop_finishes_the_requests_in_flight(routed_lab):
         print(f"KillMode=control-group: {cut}, stop took {took:.1f} s")
         assert cut["failed"] > 0, cut
     finally:
-        _ssh(inventory, host, f"rm -f {dropin} && systemctl daemon-reload && systemctl start sglang.service")
+        _ssh(inventory, host, f"rm -f {dropin} && systemctl daemon-reload")
+    # A start that has not served yet (loading, slowed down here) has nothing to drain: its stop takes
+    # seconds, not the stop timeout (10 s in the lab), so a failed or hung start is still stopped at once.
+    slow = "/etc/systemd/system/sglang.service.d/zz-test-slow.conf"
+    _ssh(inventory, host, f"printf '[Service]\\nEnvironment=SGLANG_SIM_TIME_SCALE=5\\n' > {slow}"
+                          " && systemctl daemon-reload && systemctl start --no-block sglang.service && sleep 3")
+    try:
+        assert _ssh(inventory, host, "systemctl is-active sglang.service").strip() == "active"
+        began = time.monotonic()
+        _ssh(inventory, host, "systemctl stop sglang.service")
+        took = time.monotonic() - began
+        print(f"stop of a start still loading took {took:.1f} s")
+        assert took < 5, took
+    finally:
+        _ssh(inventory, host, f"rm -f {slow} && systemctl daemon-reload && systemctl start sglang.service")
     _wait_serving(url)
