@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from ansible_collections.moefleet.serving.plugins.callback import moefleet_report
+
 from moefleet import runner
 from moefleet.commands._common import add_target_arguments
 
@@ -438,30 +440,11 @@ def ask(plan: dict[str, Any], stdin: TextIO | None = None, stderr: TextIO | None
     return answer.strip().lower() in ("y", "yes")
 
 
-def _refusal_markdown(report: dict[str, Any]) -> str:
-    lines = [
-        f"# {'Deploy' if report.get('playbook') == 'deploy.yml' else 'Rollout'} report: "
-        f"{report.get('asked_profile') or 'each host profile'}",
-        "",
-        f"- Result: **{report.get('result')}** ({report.get('stopped_by')})",
-        f"- Started: {report.get('started')}; ended: {report.get('ended')} ({report.get('seconds')} s)",
-        f"- Playbook: {report.get('playbook')}",
-        "",
-        "| host | asked | serving | outcome |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {row['host']} | {row.get('asked_profile') or '-'} | {row.get('serving_profile') or '-'} "
-        f"| {row.get('message') or row.get('outcome')} |"
-        for row in report["hosts"]
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def _write_report(base: Path, report: dict[str, Any]) -> None:
     base.parent.mkdir(parents=True, exist_ok=True)
     base.with_name(base.name + ".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    base.with_name(base.name + ".md").write_text(_refusal_markdown(report), encoding="utf-8")
+    # the callback's own Markdown, so a refused run's report reads like any other
+    base.with_name(base.name + ".md").write_text(moefleet_report.render_markdown(report), encoding="utf-8")
 
 
 def write_refusal_report(base: Path, plan: dict[str, Any]) -> None:

@@ -65,8 +65,15 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-# An extra variable whose name says it holds a secret is never written, at any depth.
-_SECRET_KEY = re.compile(r"token|key|password|passwd|secret|vault|credential", re.IGNORECASE)
+# An extra variable whose name says it holds a secret is never written, at any depth: a part of its name (split at
+# _ - .) that ends in token, key or keys (hf_token, api_key, apikey) or holds password, secret, vault or credential.
+# Not a count such as max_total_tokens: its value would then also be scrubbed out of every message.
+_SECRET_PART = re.compile(r"(token|key|keys)$|password|passwd|secret|vault|credential", re.IGNORECASE)
+
+
+def secret_name(key: str) -> bool:
+    return any(_SECRET_PART.search(part) for part in re.split(r"[_.\-]+", key) if part)
+
 REDACTED = "<redacted>"
 _HIDDEN = "(hidden: the task is no_log)"
 
@@ -87,7 +94,7 @@ def _vaulted(value: object) -> bool:
 
 def redact(value: object, secrets: set[str], key: str = "") -> object:
     """A plain JSON copy of value with secrets replaced by REDACTED; the secret strings are added to secrets."""
-    if (key and _SECRET_KEY.search(key)) or _vaulted(value):
+    if (key and secret_name(key)) or _vaulted(value):
         _collect_strings(value, secrets)
         return REDACTED
     if isinstance(value, dict):
@@ -439,7 +446,8 @@ class CallbackModule(CallbackBase):
         return {
             "host": entry.name,
             "batch": batch,
-            "canary": batch == 1 and len((self._serve_batches() or [[]])[0]) == 1,
+            # deploy.yml starts every host at once: no canary there, whatever the host count
+            "canary": self._playbook != "deploy.yml" and batch == 1 and len((self._serve_batches() or [[]])[0]) == 1,
             "asked_profile": outcome.get("asked_profile") or entry.asked or self._asked_profile,
             "serving_profile": serving,
             "outcome": state,
@@ -476,8 +484,13 @@ class CallbackModule(CallbackBase):
         self._display.display(f"Report: {json_path.resolve()} and {md_path.name}")
 
 
+def run_kind(report: dict) -> str:
+    """What the report is of, by its playbook: "deploy" (deploy.yml, moefleet deploy) or "rollout"."""
+    return "deploy" if report.get("playbook") == "deploy.yml" else "rollout"
+
+
 def _command(report: dict, profile: str | None, hosts: list[str]) -> str:
-    words = ["moefleet", "rollout"]
+    words = ["moefleet", run_kind(report)]
     for source in report.get("inventory") or []:
         words += ["-i", source]
     if profile:
@@ -554,7 +567,9 @@ def _cells(row: dict, columns: list[tuple[str, str]] | None = None) -> list[str]
     cells = []
     for _, key in columns or _COLUMNS:
         value = row.get(key)
-        if key == "outcome":
+        if key == "outcome" and str(row.get("message") or "").startswith("refused at confirmation"):
+            value = f"{value} (refused at confirmation)"
+        elif key == "outcome":
             value = _OUTCOME_NOTES.get(value, value)
         if key == "batch" and value is not None and row.get("canary"):
             value = f"{value} (canary)"
@@ -566,7 +581,7 @@ def _headline(report: dict) -> str:
     hosts = report["hosts"]
     done = sum(1 for row in hosts if row["outcome"] == "ready")
     line = (
-        f"Rollout of {report['asked_profile'] or 'each host profile'}: {report['result']}, "
+        f"{run_kind(report).capitalize()} of {report['asked_profile'] or 'each host profile'}: {report['result']}, "
         f"{done}/{len(hosts)} host(s) serve the asked profile, {report['seconds']} s."
     )
     return line + (f" ({report['stopped_by']})" if report.get("stopped_by") else "")
@@ -600,11 +615,11 @@ def render_markdown(report: dict) -> str:
     columns = _columns(report)
     header = [title for title, _ in columns]
     lines = [
-        f"# Rollout report: {report['asked_profile'] or 'each host profile'}",
+        f"# {run_kind(report).capitalize()} report: {report.get('asked_profile') or 'each host profile'}",
         "",
-        f"- Result: **{report['result']}**" + (f" ({report['stopped_by']})" if report.get("stopped_by") else ""),
-        f"- Started: {report['started']}; ended: {report['ended']} ({report['seconds']} s)",
-        f"- Playbook: {report['playbook']}",
+        f"- Result: **{report.get('result')}**" + (f" ({report['stopped_by']})" if report.get("stopped_by") else ""),
+        f"- Started: {report.get('started')}; ended: {report.get('ended')} ({report.get('seconds')} s)",
+        f"- Playbook: {report.get('playbook')}",
     ]
     if report.get("inventory"):
         lines.append("- Inventory: " + ", ".join(f"`{source}`" for source in report["inventory"]))
@@ -624,7 +639,7 @@ def render_markdown(report: dict) -> str:
     if report.get("next_steps"):
         lines += ["", "## Next steps", ""]
         for step in report["next_steps"]:
-            # A command after ": moefleet rollout" is set as code, whole, so that it pastes as it is.
-            head, sep, command = step.partition(": moefleet rollout")
-            lines.append(f"- {head}: `moefleet rollout{command}`" if sep else f"- {step}")
+            # A command after ": moefleet rollout" (or deploy) is set as code, whole, so that it pastes as it is.
+            head, sep, command = step.partition(f": moefleet {run_kind(report)}")
+            lines.append(f"- {head}: `moefleet {run_kind(report)}{command}`" if sep else f"- {step}")
     return "\n".join(lines) + "\n"

@@ -553,3 +553,43 @@ def test_next_steps_for_a_fleet_left_half_way(tmp_path):
     assert steps[3] == (
         "To roll lab-1 back to tp8: moefleet rollout -i /srv/moefleet/inventory/sim -e profile=tp8 --limit lab-1"
     )
+
+
+def test_counts_named_like_tokens_are_kept_and_not_scrubbed_from_messages(tmp_path):
+    # max_total_tokens is a count, not a secret: redacting it would also scrub "50000" out of every message.
+    base = tmp_path / "r30"
+    run = Run(extra={"moefleet_report_path": str(base), "sglang_service_extra_flags": {"max_total_tokens": 50000},
+                     "moefleet_router_admin_key": "SENTINEL-admin-0008", "apikey": "SENTINEL-apikey-0009"})
+    run.validate_and_confirm({})
+    restored = {"asked_profile": "ep8", "serving_profile": "tp8", "outcome": "restored", "ooms": 1, "attempts": 2}
+    run.serve_batch(["lab-1"], {"lab-1": restored})
+    run.task(FAIL_TASK, ["lab-1"], {"msg": "the KV pool holds 31000 of the 50000 tokens asked"}, status="failed")
+    run.stats(failures={"lab-1": 1})
+
+    report = read(base)
+    assert report["extra_vars"]["sglang_service_extra_flags"] == {"max_total_tokens": 50000}
+    assert report["extra_vars"]["moefleet_router_admin_key"] == report["extra_vars"]["apikey"] == "<redacted>"
+    assert report["hosts"][0]["message"] == "the KV pool holds 31000 of the 50000 tokens asked"
+    assert [plugin.secret_name(n) for n in ("hf_token", "HF_TOKEN", "api_key", "apikey", "tokens", "keycloak_url",
+                                            "max_prefill_tokens", "ssh_keys", "vault_password_file")] == [
+        True, True, True, True, False, False, False, True, True]
+
+
+def test_a_deploy_report_says_deploy_has_no_canary_and_resumes_with_moefleet_deploy(tmp_path):
+    base = tmp_path / "r31"
+    run = Run(extra={"moefleet_report_path": str(base)}, playbook="deploy.yml")
+    run.validate_and_confirm({"lab-1": "tp8"})
+    run.play("blackwell", serial=[0])  # serve.yml's default: every host in one batch
+    run.task(PHASE_TASK, ["lab-1"], phase("installing"))
+    restored = {"asked_profile": "ep8", "serving_profile": "tp8", "outcome": "restored", "ooms": 1, "attempts": 2}
+    run.task(OUTCOME_TASK, ["lab-1"], {"ansible_facts": {"sglang_service_outcome": restored}})
+    run.task(FAIL_TASK, ["lab-1"], {"msg": "lab-1 does not serve ep8"}, status="failed")
+    run.stats(failures={"lab-1": 1})
+
+    report = read(base)
+    row = next(h for h in report["hosts"] if h["host"] == "lab-1")
+    assert (row["batch"], row["canary"]) == (1, False)
+    assert any(step.startswith("To resume") and ": moefleet deploy -i " in step for step in report["next_steps"])
+    markdown = base.with_name("r31.md").read_text()
+    assert markdown.startswith("# Deploy report: ep8") and "(canary)" not in markdown
+    assert "\n".join(run.cb._display.lines).startswith("Deploy of ep8: ")
