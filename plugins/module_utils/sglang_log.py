@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 STATES = ("ready", "starting", "oom", "crashed", "hung")
 OOM_PHASES = ("weight_load", "kv_cache", "cuda_graph", "runtime")
@@ -825,19 +825,35 @@ def is_log(lines) -> bool:
     return False
 
 
+# SGLang logs its arguments once at each launch, before any rank starts: where a log holds several starts (a
+# whole unit's journal export), the last start is the one judged, not the first failure in the file.
+_LAUNCH = re.compile(r"\bserver_args=ServerArgs\(")
+
+
+def launches(lines) -> list[int]:
+    """The indices of the lines (oldest first) where a launch begins."""
+    return [i for i, raw in enumerate(_lines_of(lines)) if any(_LAUNCH.search(p.message) for p in split_line(raw))]
+
+
 def classify(lines, idle_seconds: float | None = None, hang_seconds: float | None = None) -> Verdict:
-    """Classify a whole log (a string or an iterable of lines), oldest or newest line first.
+    """Classify a whole log (a string or an iterable of lines), oldest or newest line first; of a log holding
+    several starts, its last start (line numbers still count from the top of the log as given).
 
     ``idle_seconds`` is how long the log has been silent after its last line; with ``hang_seconds``
     a log that ends while starting is ``hung`` once idle_seconds >= hang_seconds.
     """
     lines = _lines_of(lines)
-    if newest_first(lines):
+    reversed_ = newest_first(lines)
+    if reversed_:
         lines = lines[::-1]
+    skipped = (launches(lines) or [0])[-1]
     follower = LogFollower(started_at=0.0)
-    for raw in lines:
+    for raw in lines[skipped:]:
         follower.feed(raw, now=0.0)
     verdict = follower.finish()
     if verdict.state == "starting" and idle_seconds is not None:
-        return follower.verdict(now=float(idle_seconds), hang_seconds=hang_seconds)
+        verdict = follower.verdict(now=float(idle_seconds), hang_seconds=hang_seconds)
+    if verdict.line_number is not None:
+        number = verdict.line_number + skipped
+        verdict = replace(verdict, line_number=len(lines) + 1 - number if reversed_ else number)
     return verdict

@@ -228,7 +228,7 @@ def test_the_binary_safe_export_field_is_the_one_the_format_defines():
     assert raw[at + 8 + size : at + 9 + size] == b"\n"
 
 
-@pytest.mark.parametrize("name", ["README.md", "pyproject.toml", "docs/facts.md"])
+@pytest.mark.parametrize("name", ["docs/architecture.md", "pyproject.toml", "docs/facts.md"])
 def test_a_file_that_is_not_a_log_exits_2_with_a_sentence(capsys, name):
     code, out, err = _run(capsys, Path(__file__).resolve().parents[2] / name)
     assert code == 2 and out == ""
@@ -242,3 +242,25 @@ def test_help_says_how_to_export_the_journal(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "journalctl -u sglang.service -o short-precise" in text
     assert "64-bit little-endian length" in text
+
+
+def _launch(when: str) -> str:
+    # SGLang's launch line (as in 11-ready-rtx3090-...log), logged once per start before any rank runs
+    return f"[{when}] server_args=ServerArgs(model_path='/models/k', tp_size=4, mem_fraction_static=0.8)\n"
+
+
+def test_a_log_of_several_starts_is_judged_by_its_last_start(capsys, tmp_path):
+    # A whole unit's journal: an OOM start, then a start that served. The OOM is history, not the verdict.
+    oom_then_ready = tmp_path / "two-starts.log"
+    oom_then_ready.write_text(_launch("2025-03-01 10:00:00") + OOM_LOG.read_text()
+                              + _launch("2025-03-01 10:05:00") + READY_LOG.read_text())
+    code, out, _ = _run(capsys, oom_then_ready)
+    assert code == 0 and out.startswith("state:") and "ready" in out.splitlines()[0]
+    ready_then_oom = tmp_path / "two-starts-again.log"
+    text = _launch("2025-03-01 10:00:00") + READY_LOG.read_text() + _launch("2025-03-01 10:05:00") + OOM_LOG.read_text()
+    ready_then_oom.write_text(text)
+    code, out, _ = _run(capsys, ready_then_oom, "--json")
+    result = json.loads(out)
+    assert code == 1 and result["state"] == "oom" and result["phase"] == "weight_load"
+    # the line number counts from the top of the file, across both starts
+    assert text.splitlines()[result["line_number"] - 1].endswith(result["line"])
