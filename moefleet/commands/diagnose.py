@@ -4,6 +4,7 @@ The classifier is the one the readiness module uses (plugins/module_utils/sglang
 0 the log shows a ready server; 1 it shows a failure (oom, crashed, hung) or ends while the server was
 still starting (incomplete); 2 the input cannot be read as a log (no SGLang, journal or traceback line).
 
+A log of several starts (a whole unit's journal) is judged by its last start, from its last server_args= line.
 It reads SGLang's own output and journal exports: journalctl's short, short-precise, short-iso and
 short-full formats, `-o json` (one object per line) and `-o export` (fields as NAME=value, entries
 separated by a blank line; a field holding control characters or newlines, such as a MESSAGE with colour
