@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import throughput as T
 from .clock import WALL_PER_SIM, Clock
-from .logs import emit
+from .logs import emit, line
 
 WORDS = ["the", "model", "answers", "with", "simulated", "tokens", "from", "the", "lab", "while", "the", "real",
          "hardware", "is", "elsewhere", "and", "every", "number", "reported", "here", "follows", "the",
@@ -57,9 +57,12 @@ class State:
         # what makes the scheduler rank fail (set by the server); None: no runtime OOM
         self.runtime_oom_after: int | None = None
         self.runtime_oom = None
-        # Set on SIGTERM (server.py): like TokenizerManager's graceful exit, /health answers 503 and new
-        # generation requests are refused while the ones running finish.
+        # Set on SIGTERM (server.py): like TokenizerManager's graceful exit, /health answers 503 while the
+        # requests finish; new requests are still taken (SGLang 0.5.10 refuses none: only its health turns).
         self.draining = False
+        # When the server became ready (time.monotonic()): TokenizerManager's SIGTERM watchdog, started with the
+        # first request, looks every 5 s from about then.
+        self.ready_since = 0.0
 
 
 def serve_clock() -> Clock:
@@ -139,7 +142,11 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         st = self.state
         if path in ("/health", "/health_generate"):
-            if st.ready and not st.draining:
+            if st.draining:
+                # http_server.health_generate while gracefully_exit is set
+                line(st.clock, "", "Health check request received during shutdown. Returning 503.")
+                self._send(503, b"", "text/plain")
+            elif st.ready:
                 self._send(200, b"", "text/plain")
             else:
                 self._send(503, b"", "text/plain")
@@ -171,11 +178,6 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body()
         if not self.state.ready and path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             pass  # SGLang queues requests that arrive during warm-up; answer after the fact
-        if self.state.draining and path in ("/generate", "/v1/chat/completions", "/v1/completions"):
-            # A server exiting gracefully takes no new work; a router retries it on another worker.
-            self._send(503, {"object": "error", "message": "The server is shutting down.",
-                             "type": "ServiceUnavailableError", "param": None, "code": 503})
-            return
         if path == "/generate":
             self._generate(body)
         elif path == "/v1/chat/completions":

@@ -33,7 +33,7 @@ CHILDREN: list[subprocess.Popen] = []
 _DYING = threading.Event()
 # The HTTP server's state once it serves (serve() sets it): SIGTERM drains it before the tree goes down.
 _SERVING: list[State] = []
-# Seconds between two "Gracefully exiting" lines while requests finish (TokenizerManager's watchdog logs every 5 s).
+# TokenizerManager.sigterm_watchdog's period: it looks for the SIGTERM flag, then for requests left, every 5 s.
 DRAIN_LOG_INTERVAL = 5.0
 
 
@@ -160,12 +160,17 @@ def main(argv: list[str] | None = None) -> None:
     def on_sigterm(*_):
         if _SERVING and _SERVING[0].draining:
             return  # a second SIGTERM while draining: the first one's wait goes on
-        if _SERVING and not _DYING.is_set():
+        serving = bool(_SERVING) and not _DYING.is_set()
+        if serving:
             drain(_SERVING[0], clock)
         _DYING.set()
-        kill_process_tree(include_parent=False)
         for p in CHILDREN:
             G.remove_state(p.pid)
+        if serving:  # sigterm_watchdog's end: kill_process_tree(os.getpid(), include_parent=True)
+            kill_process_tree(include_parent=True)
+        # Before it serves SGLang has no SIGTERM handler (it is installed with the first request): Python's
+        # default ends the main process by the signal, and the ranks go with it.
+        kill_process_tree(include_parent=False)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -226,22 +231,29 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def drain(state: State, clock: Clock) -> None:
-    """SGLang's graceful exit on SIGTERM (TokenizerManager.sigterm_watchdog): /health turns 503 and new requests
-    are refused at once, the running ones finish, then the server exits; SGL_FORCE_SHUTDOWN=1 skips the wait.
-    Runs in the main thread (the signal handler); the HTTP threads keep streaming meanwhile. A second SIGTERM
-    while it waits changes nothing; systemd's SIGKILL after TimeoutStopSec= ends it."""
+    """SGLang 0.5.10's graceful exit on SIGTERM (SignalHandler.sigterm_handler, TokenizerManager.sigterm_watchdog):
+    /health turns 503 at once, requests keep being taken (new ones too), and a watchdog looking every 5 s lets
+    the server go once none is left; SGL_FORCE_SHUTDOWN=1 skips the wait. The caller then SIGKILLs the ranks
+    and the server itself (kill_process_tree(include_parent=True)), so systemd sees a main process killed by
+    SIGKILL. Runs in the main thread (the signal handler); the HTTP threads keep streaming meanwhile. A second
+    SIGTERM while it waits changes nothing; under steady load it never ends, and systemd's SIGKILL after
+    TimeoutStopSec= does."""
     state.draining = True
-    if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true"):
-        line(clock, "", "Received sigterm; SGL_FORCE_SHUTDOWN is set: exiting without waiting for requests.")
-        return
-    line(clock, "", f"Gracefully exiting... Remaining number of requests {state.running}.")
-    last = time.monotonic()
-    while state.running > 0:
-        time.sleep(0.05)
-        if time.monotonic() - last >= DRAIN_LOG_INTERVAL:
-            line(clock, "", f"Gracefully exiting... Remaining number of requests {state.running}.")
-            last = time.monotonic()
-    line(clock, "", "Gracefully exiting... Remaining number of requests 0.")
+    # asyncio's add_signal_handler calls the handler without arguments
+    line(clock, "", "SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+    since = time.monotonic() - state.ready_since
+    time.sleep(DRAIN_LOG_INTERVAL - since % DRAIN_LOG_INTERVAL)  # the watchdog's next look
+    while True:
+        if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true"):
+            line(clock, "", "Signal SIGTERM received while force shutdown flag set. Force exiting.")
+            return
+        remaining = state.running
+        rids = [f"sim-{i}" for i in range(remaining)]
+        line(clock, "", f"Gracefully exiting... Remaining number of requests {remaining}. "
+                        f"Remaining requests remaining_rids={rids}.")
+        if remaining == 0:
+            return
+        time.sleep(DRAIN_LOG_INTERVAL)
 
 
 def _watch_children(clock: Clock) -> None:
@@ -295,5 +307,6 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
         clock.sleep_sim(T_WARMUP)
         emit(f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
     state.ready = True
+    state.ready_since = time.monotonic()
     line(clock, "", "The server is fired up and ready to roll!")
     wait_to_be_killed()
