@@ -309,24 +309,6 @@ def rollout_serial(extravars: dict[str, Any]) -> list[Any]:
     return serial
 
 
-def batches(hosts: list[str], serial: list[Any]) -> list[list[str]]:
-    """The hosts cut into batches as Ansible's playbook executor cuts a play with this serial list (its own
-    pct_to_int; the last size repeats; 0 means all at once)."""
-    from ansible.utils.helpers import pct_to_int
-
-    left, out, item = list(hosts), [], 0
-    serial = serial or [-1]
-    while left:
-        size = pct_to_int(serial[item], len(hosts))
-        if size <= 0:
-            out.append(left)
-            break
-        out.append(left[:size])
-        left = left[size:]
-        item = min(item + 1, len(serial) - 1)
-    return out
-
-
 def plan_rollout(
     inventory: str | None, extravars: dict[str, Any], limit: str | None, kind: Kind = ROLLOUT
 ) -> dict[str, Any]:
@@ -357,7 +339,8 @@ def plan_rollout(
     else:
         serial = [int(first["max_unavailable"])] if behind_routers else rollout_serial(extravars)
     rows, restart = [], []
-    for number, batch in enumerate(batches(order, serial), start=1):
+    # cut as the report callback cuts them: the way Ansible's playbook executor does
+    for number, batch in enumerate(moefleet_report.serial_batches(order, serial), start=1):
         for host in batch:
             asked = looked.ok[host]["msg"]["asked"]
             local = ((facts.ok.get(host) or {}).get("ansible_facts") or {}).get("ansible_local") or {}

@@ -390,14 +390,6 @@ def fleet(monkeypatch):
     return adhoc, run
 
 
-def test_batches_are_cut_as_ansibles_executor_cuts_serial():
-    hosts = [f"h{i}" for i in range(10)]
-    assert rollout.batches(hosts, [1, "25%", "100%"]) == [["h0"], ["h1", "h2"], hosts[3:]]
-    assert rollout.batches(hosts[:5], [1, 2]) == [["h0"], ["h1", "h2"], ["h3", "h4"]]
-    assert rollout.batches(hosts[:3], [0]) == [hosts[:3]]
-    assert rollout.batches(hosts[:3], ["10%"]) == [["h0"], ["h1"], ["h2"]]  # at least one host a batch
-
-
 def test_check_prints_batches_canary_first_and_what_changes_touching_nothing(fleet, inventory, capsys):
     adhoc, run = fleet
     code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--check"])

@@ -446,6 +446,12 @@ def test_batches_follow_the_serial_as_ansible_cuts_it():
     assert plugin.serial_batches(["a", "b", "c", "d", "e"], [1, "25%", "100%"]) == [["a"], ["b"], ["c", "d", "e"]]
     assert plugin.serial_batches(["a", "b", "c"], []) == [["a", "b", "c"]]
     assert plugin.serial_batches(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+    # moefleet rollout --check cuts its plan with the same function
+    hosts = [f"h{i}" for i in range(10)]
+    assert plugin.serial_batches(hosts, [1, "25%", "100%"]) == [["h0"], ["h1", "h2"], hosts[3:]]
+    assert plugin.serial_batches(hosts[:5], [1, 2]) == [["h0"], ["h1", "h2"], ["h3", "h4"]]
+    assert plugin.serial_batches(hosts[:3], [0]) == [hosts[:3]]
+    assert plugin.serial_batches(hosts[:3], ["10%"]) == [["h0"], ["h1"], ["h2"]]  # at least one host a batch
 
 
 SENTINELS = {
