@@ -74,6 +74,7 @@ _SECRET_PART = re.compile(r"(token|key|keys)$|password|passwd|secret|vault|crede
 def secret_name(key: str) -> bool:
     return any(_SECRET_PART.search(part) for part in re.split(r"[_.\-]+", key) if part)
 
+
 REDACTED = "<redacted>"
 _HIDDEN = "(hidden: the task is no_log)"
 
