@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "sim" / "mirrors"))
-import build as mirrors  # noqa: E402  (the lab's wheel fetching and PEP 503 index writing)
+import build as mirrors  # noqa: E402 - the lab's wheel fetcher and package index writer
 
 LAB = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab"))
 HUB_PORT = 8081
