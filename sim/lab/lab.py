@@ -114,6 +114,17 @@ def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.C
     return result
 
 
+def remove_container(name: str) -> None:
+    """podman rm -f, retried: this machine's podman sometimes fails to stop a container whose systemd is still
+    shutting down ("container state improper" right after its SIGKILL); the container is gone a moment later."""
+    for attempt in range(4):
+        result = podman("rm", "-f", "-t", "5", name, check=False)
+        if result.returncode == 0 or podman("container", "exists", name, check=False).returncode == 1:
+            return
+        time.sleep(2 * (attempt + 1))
+    raise SystemExit(f"lab: podman rm -f {name} failed: {(result.stderr or '').strip()}")
+
+
 def ensure_tools() -> None:
     missing = [p for p, exe in (("podman", "podman"), ("debootstrap", "debootstrap")) if not shutil.which(exe)]
     if not missing:
@@ -336,7 +347,7 @@ def ensure_network() -> None:
     for name, info in lab_containers().items():
         if NETWORK not in (info.get("Networks") or []):
             log(f"removing {name} (on an old lab network)")
-            podman("rm", "-f", "-t", "5", name)
+            remove_container(name)
     for old in _lab_networks():
         podman("network", "rm", old)
     names, addrs = _host_bridges()
@@ -396,19 +407,19 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None,
     existing = lab_containers(lab)
     for name in sorted(set(existing) - set(wanted)):
         log(f"removing {name} (lab {lab} resized to {count})")
-        podman("rm", "-f", "-t", "5", name)
+        remove_container(name)
     started = time.monotonic()
     for name in wanted:
         info = existing.get(name)
         labels = (info or {}).get("Labels") or {}
         if info is not None and labels.get("moefleet.host-options") != host_options_label():
             log(f"removing {name} (started without the lab's current host options)")
-            podman("rm", "-f", "-t", "5", name)
+            remove_container(name)
             info = None
         elif info is not None and (labels.get("moefleet.os", DEFAULT_OS) != os_of[name]
                                    or info.get("Image") != tags[os_of[name]]):
             log(f"removing {name} (asked for {os_of[name]} from {tags[os_of[name]]})")
-            podman("rm", "-f", "-t", "5", name)
+            remove_container(name)
             info = None
         if info is None:
             run_host(name, lab, tags[os_of[name]], os_of[name])
@@ -430,7 +441,7 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None,
 
 def down(lab: str | None, inventory: Path) -> None:
     for name in lab_containers(lab):
-        podman("rm", "-f", "-t", "5", name)
+        remove_container(name)
         log(f"removed {name}")
     if lab is None:
         for network in _lab_networks():

@@ -30,7 +30,9 @@ def moefleet(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
 
 def status_of(capsys, inventory) -> dict[str, dict]:
     code, out = moefleet(capsys, "status", "-i", str(inventory), "--json")
-    document = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    # the document starts at a line of its own: output of the run before (a report's "-e" line) may hold braces
+    document = json.loads(out[out.index("\n{") + 1 : out.rindex("}") + 1] if not out.startswith("{") else
+                          out[: out.rindex("}") + 1])
     jsonschema.validate(document, STATUS_SCHEMA)
     hosts = document["hosts"]
     return {h["host"]: h | {"exit": code} for h in hosts}
