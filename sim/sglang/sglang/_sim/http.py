@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import socket
 import threading
 import time
 import uuid
@@ -191,15 +192,17 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"detail": "Not Found"})
 
     # ----------------------------------------------------------------------------------------
-    def _run(self, prompt: str, max_tokens: int | None, stream_cb=None, ignore_eos: bool = False):
-        """Prefill, then decode following the throughput model at the speed the requests running now share,
-        sleeping the scaled simulated time to absolute deadlines (a late wake-up is not carried forward).
+    def _run(self, prompt: str, max_tokens: int | None, stream_cb=None, ignore_eos: bool = False,
+             prompt_tokens: int | None = None):
+        """Prefill (prompt_tokens, else the prompt's count), then decode following the throughput model at the
+        speed the requests running now share, sleeping the scaled simulated time to absolute deadlines (a late
+        wake-up is not carried forward).
         stream_cb(done, new_words) is called once the first token is out and then about every
         STREAM_WALL_INTERVAL x (requests running) of wall time.
         Returns (words, finish, prompt tokens, e2e sim seconds, speed)."""
         st = self.state
         words, finish = completion_words(prompt, max_tokens, ignore_eos)
-        ptoks = count_tokens(prompt)
+        ptoks = count_tokens(prompt) if prompt_tokens is None else max(1, prompt_tokens)
         with st.lock:
             st.running += 1
             b = st.running
@@ -260,6 +263,13 @@ class Handler(BaseHTTPRequestHandler):
         text = body.get("text") or ""
         if isinstance(text, list):
             text = text[0] if text else ""
+        # input_ids instead of text (bench_serving --tokenize-prompt): the prompt is that many tokens
+        ids = body.get("input_ids") if not text else None
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            ids = ids[0]
+        given = len(ids) if isinstance(ids, list) else None
+        if given is not None:
+            text = " ".join(map(str, ids))
         sp = body.get("sampling_params") or {}
         max_new = sp.get("max_new_tokens", 128)
         ignore_eos = bool(sp.get("ignore_eos"))
@@ -271,14 +281,14 @@ class Handler(BaseHTTPRequestHandler):
             def cb(done, new_words):
                 acc.extend(new_words)
                 self._chunk("data: " + json.dumps({"text": " ".join(acc), "meta_info": {
-                    "id": rid, "finish_reason": None, "prompt_tokens": count_tokens(text),
+                    "id": rid, "finish_reason": None, "prompt_tokens": given or count_tokens(text),
                     "completion_tokens": done}}) + "\n\n")
-            words, finish, ptoks, e2e, _ = self._run(text, max_new, cb, ignore_eos)
+            words, finish, ptoks, e2e, _ = self._run(text, max_new, cb, ignore_eos, given)
             self._chunk("data: " + json.dumps({"text": " ".join(words), "meta_info": self._meta(
                 rid, finish, ptoks, len(words), e2e, max_new)}) + "\n\n")
             self._sse_end()
             return
-        words, finish, ptoks, e2e, _ = self._run(text, max_new, ignore_eos=ignore_eos)
+        words, finish, ptoks, e2e, _ = self._run(text, max_new, ignore_eos=ignore_eos, prompt_tokens=given)
         self._send(200, {"text": " ".join(words), "output_ids": list(range(len(words))),
                          "meta_info": self._meta(rid, finish, ptoks, len(words), e2e, max_new)})
 
@@ -420,6 +430,9 @@ def make_server(host: str, port: int, state: State) -> ThreadingHTTPServer:
     handler = type("SimHandler", (Handler,), {"state": state})
     ThreadingHTTPServer.allow_reuse_address = True
     ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's --backlog: a benchmark connects hundreds at once
-    srv = ThreadingHTTPServer((host, port), handler)
+    # uvicorn binds an IPv6 address (":" in --host, e.g. "::" or "::1") with an AF_INET6 socket
+    cls = type("SimServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6}) if ":" in host \
+        else ThreadingHTTPServer
+    srv = cls((host, port), handler)
     srv.daemon_threads = True
     return srv
