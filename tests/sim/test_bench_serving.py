@@ -1,11 +1,15 @@
 """The simulator's `python -m sglang.bench_serving` against the simulated server: SGLang 0.5.10's flags, printed
-block and JSONL keys, and throughput that ranks the profiles as the field report did (docs/facts.md §1)."""
+block and JSONL keys, and throughput that ranks the profiles as the field report did (docs/facts.md §1); its
+datasets as the real client's (random samples ShareGPT and fails without it and without the Hub, random-ids needs
+nothing, --tokenize-prompt sends token ids) and its --host as NetworkAddress reads it (IPv6, with or without
+brackets)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 from ansible_collections.moefleet.serving.plugins.module_utils.bench_results import parse_text
 from simproc import free_port
@@ -30,16 +34,21 @@ SERVE_SCALE = "2.0"
 
 
 def bench(lab, port: int, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The simulated client; a None in env removes that variable."""
+    full = lab.env(**{k: v for k, v in (env or {}).items() if v is not None})
+    for name in [k for k, v in (env or {}).items() if v is None]:
+        full.pop(name, None)
     return subprocess.run([sys.executable, "-m", "sglang.bench_serving", *flags], capture_output=True, text=True,
-                          env=lab.env(**(env or {})), cwd=lab.root, timeout=120)
+                          env=full, cwd=lab.root, timeout=120)
 
 
 def run_level(lab, port: int, concurrency: int, prompts: int, output_len: int = 512) -> tuple[dict, dict]:
+    """One level as playbooks/bench.yml runs it (random-ids with --tokenize-prompt: nothing to download)."""
     out_file = lab.root / f"bench-{port}-{concurrency}.jsonl"
     done = bench(lab, port, "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
-                 "--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", str(output_len),
-                 "--random-range-ratio", "1", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-                 "--disable-tqdm", "--output-file", str(out_file))
+                 "--dataset-name", "random-ids", "--tokenize-prompt", "--random-input-len", "1024",
+                 "--random-output-len", str(output_len), "--random-range-ratio", "1", "--num-prompts", str(prompts),
+                 "--max-concurrency", str(concurrency), "--disable-tqdm", "--output-file", str(out_file))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (printed,) = parse_text(done.stdout)
     (line,) = [json.loads(x) for x in out_file.read_text().splitlines()]
@@ -97,3 +106,127 @@ def test_dead_server_fails_as_the_real_client_does(lab):
         "Server did not become ready within 1s timeout.",
         f"Server at http://127.0.0.1:{port}/v1/models is not ready. Exiting.",
     ]
+
+
+# sglang 0.5.10's --dataset-name random samples ShareGPT (sglang/benchmark/datasets/random.py): without a
+# --dataset-path holding valid JSON it calls huggingface_hub's hf_hub_download, which on a host that cannot
+# reach the Hub ends in this line (huggingface_hub 1.33.0, file_download.py; the real client run against the
+# simulated server without network printed it word for word).
+HUB_UNREACHABLE = (
+    "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the Hub "
+    "and we cannot find the requested files in the local cache. Please check your connection and try again or "
+    "make sure your Internet connection is on."
+)
+SHAREGPT_URL = ("https://huggingface.co/datasets/anon8231489123/ShareGPT_Vicuna_unfiltered/resolve/main/"
+                "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def small_level(lab, port: int, *flags: str, env: dict | None = None, host: str = "127.0.0.1"):
+    """A short level; the Hugging Face cache is the fixture's empty home unless env names one."""
+    env = {"HF_HOME": None, "HF_HUB_CACHE": None, "HUGGINGFACE_HUB_CACHE": None, "XDG_CACHE_HOME": None,
+           **(env or {})}
+    return bench(lab, port, "--backend", "sglang", "--host", host, "--port", str(port), "--random-input-len", "64",
+                 "--random-output-len", "8", "--random-range-ratio", "1", "--num-prompts", "4",
+                 "--max-concurrency", "2", "--disable-tqdm", "--output-file", str(lab.root / f"small-{port}.jsonl"),
+                 *flags, env=env)
+
+
+def sharegpt(path, prompts: list[str]):
+    """A ShareGPT-shaped file: conversations of two turns (one of one turn, which the client skips)."""
+    rows = [{"id": str(n), "conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": "ok"}]}
+            for n, p in enumerate(prompts)]
+    rows.append({"id": "short", "conversations": [{"from": "human", "value": "alone"}]})
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_random_needs_sharegpt_and_fails_without_the_hub_as_the_real_client(lab):
+    srv = lab.start(*PROFILES["ep8"])
+    srv.wait_ready()
+    # No --dataset-path, nothing in the Hugging Face cache: the download from the Hub fails (the lab has no
+    # internet), after huggingface_hub's five retries of its HEAD call, and the client exits 1.
+    done = small_level(lab, srv.port, "--dataset-name", "random", env={"HF_HUB_OFFLINE": None})
+    assert done.returncode == 1, done.stdout[-2000:]
+    errors = done.stderr.splitlines()
+    assert errors[-1] == HUB_UNREACHABLE
+    assert f"'[Errno -2] Name or service not known' thrown while requesting HEAD {SHAREGPT_URL}" in errors
+    assert "Retrying in 8s [Retry 5/5]." in errors
+    assert "httpx.ConnectError: [Errno -2] Name or service not known" in errors
+    assert "Serving Benchmark Result" not in done.stdout
+    # With HF_HUB_OFFLINE=1: no retries, the offline error as the cause, the same last line.
+    done = small_level(lab, srv.port, "--dataset-name", "random", env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1
+    errors = done.stderr.splitlines()
+    assert errors[-1] == HUB_UNREACHABLE and not any(e.startswith("Retrying in") for e in errors)
+    assert (f"huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach {SHAREGPT_URL}: offline mode is enabled. "
+            "To disable it, please unset the `HF_HUB_OFFLINE` environment variable.") in errors
+    # A --dataset-path that is not JSON is said so, then treated as none.
+    bad = lab.root / "bad.json"
+    bad.write_text("not json\n")
+    done = small_level(lab, srv.port, "--dataset-name", "random", "--dataset-path", str(bad),
+                       env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1 and done.stderr.splitlines()[-1] == HUB_UNREACHABLE
+    assert (f"{bad} exists but json loading fails (e=JSONDecodeError('Expecting value: line 1 column 1 "
+            "(char 0)')), thus treat as invalid file") in done.stdout.splitlines()
+
+
+def test_random_samples_a_local_sharegpt_file_or_the_cached_one(lab):
+    srv = lab.start(*PROFILES["ep8"])
+    srv.wait_ready()
+    # Three usable conversations for four prompts: three requests, each prompt repeated or cut to 64 tokens
+    # (the real client against the simulated server said the same: 3 requests, 192 input tokens).
+    data = sharegpt(lab.root / "sharegpt.json", ["the and for are but " * n for n in (1, 5, 30)])
+    done = small_level(lab, srv.port, "--dataset-name", "random", "--dataset-path", str(data))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (printed,) = parse_text(done.stdout)
+    assert "#Input tokens: 256" in done.stdout.splitlines()  # the four drawn lengths, as the real one prints
+    assert (printed["successful_requests"], printed["total_input_tokens"]) == (3, 192)
+    # The file in the Hugging Face cache (where hf_hub_download put it on a host that had the Hub once):
+    # hf_hub_download returns it when the Hub cannot be reached, so the client needs no --dataset-path.
+    cache = lab.root / "hf" / "hub" / "datasets--anon8231489123--ShareGPT_Vicuna_unfiltered"
+    (cache / "refs").mkdir(parents=True)
+    (cache / "refs" / "main").write_text("0" * 40)
+    (cache / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    sharegpt(cache / "snapshots" / ("0" * 40) / "ShareGPT_V3_unfiltered_cleaned_split.json", ["one two"] * 4)
+    done = small_level(lab, srv.port, "--dataset-name", "random", env={"HF_HOME": str(lab.root / "hf")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert parse_text(done.stdout)[0]["successful_requests"] == 4
+
+
+def test_random_ids_needs_no_download_and_tokenize_prompt_sends_token_ids(lab):
+    srv = lab.start(*PROFILES["ep8"], "--enable-metrics")
+    srv.wait_ready()
+    done = small_level(lab, srv.port, "--dataset-name", "random-ids", "--tokenize-prompt",
+                       env={"HF_HUB_OFFLINE": None})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (printed,) = parse_text(done.stdout)
+    assert (printed["successful_requests"], printed["total_input_tokens"]) == (4, 256)
+    # input_ids reached the server as 64 tokens each (the warm-up request and the four of the run)
+    metrics = srv.get("/metrics")[1].decode()
+    (total,) = [line.split()[-1] for line in metrics.splitlines() if line.startswith("sglang:prompt_tokens_total")]
+    assert float(total) == 5 * 64
+    # The real client sends token ids with the sglang backend only.
+    done = small_level(lab, srv.port, "--dataset-name", "random-ids", "--tokenize-prompt", "--backend",
+                       "sglang-native")
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == ("AssertionError: `--tokenize-prompt` only compatible with `--backend "
+                                            "sglang` currently")
+
+
+def test_an_ipv6_address_with_or_without_brackets(lab):
+    """NetworkAddress as the real client uses it: '[::1]' and '::1' both reach http://[::1]:PORT; a server
+    bound to ::1 alone does not answer at 127.0.0.1."""
+    port = free_port()
+    srv = lab.start(*PROFILES["ep8"], "--host", "::1", port=port)
+    deadline = time.monotonic() + 20
+    while "The server is fired up and ready to roll!" not in srv.log:
+        assert srv.proc.poll() is None and time.monotonic() < deadline, srv.log[-3000:]
+        time.sleep(0.1)
+    for host in ("[::1]", "::1"):
+        done = small_level(lab, port, "--dataset-name", "random-ids", host=host)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "Server ready in" in done.stdout
+        assert parse_text(done.stdout)[0]["successful_requests"] == 4
+    done = small_level(lab, port, "--dataset-name", "random-ids", "--ready-check-timeout-sec", "0")
+    assert done.returncode == 1
+    assert "Failed to establish a new connection: [Errno 111] Connection refused" in done.stdout

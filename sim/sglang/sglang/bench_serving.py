@@ -9,7 +9,11 @@ tokenizers or tqdm), so:
 - the backends ``sglang`` and ``sglang-native`` are driven (/generate, streamed, ``ignore_eos`` unless
   --disable-ignore-eos, as the real sglang backend does); the others are refused with a sentence;
 - the datasets ``random`` and ``random-ids`` are generated (lengths drawn as compute_random_lens() does;
-  prompts of words that the simulator counts as one token each); the others are refused;
+  prompts of words that the simulator counts as one token each, or token ids with --tokenize-prompt, sent as
+  ``input_ids``); the others are refused. ``random`` samples ShareGPT as the real one does: a --dataset-path
+  that holds valid JSON, else the file in the Hugging Face cache, else the download from the Hub, which the
+  simulator never attempts: it fails as the real client does on a host without internet (huggingface_hub's
+  LocalEntryNotFoundError, its last line word for word);
 - times are simulated seconds: wall time divided by the server's time factor (``SGLANG_SIM_TIME_SCALE``,
   which the server names in a response header, otherwise this process's own), so durations, TTFT, ITL and
   tok/s read as they would on the hardware the simulator stands in for;
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import ipaddress
 import json
 import math
 import os
@@ -29,6 +34,7 @@ import sys
 import time
 import traceback
 import urllib.parse
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,6 +49,12 @@ BACKENDS = ("sglang", "sglang-native", "sglang-oai", "sglang-oai-chat", "sglang-
             "lmdeploy", "lmdeploy-chat", "trt", "gserver", "truss")
 DEFAULT_PORTS = {"sglang": 30000, "sglang-native": 30000, "sglang-oai": 30000, "lmdeploy": 23333, "vllm": 8000,
                  "trt": 8000, "gserver": 9988, "truss": 8080}
+# sglang/benchmark/datasets/common.py: where --dataset-name random samples its text
+SHAREGPT_REPO_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"
+SHAREGPT_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
+HF_ENDPOINT = "https://huggingface.co"
+# Kimi K2.6's vocab_size (sim/model/kimi_k26_config.json): random-ids draws token ids below it
+VOCAB_SIZE = 163840
 PROMPT_WORDS = ("the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was", "one",
                 "our", "out", "day", "get", "has", "him", "his", "how", "man", "new", "now", "old", "see", "two")
 
@@ -243,7 +255,7 @@ def wait_for_endpoint(url: str, timeout_sec: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class Row:
-    prompt: str
+    prompt: str | list[int]
     prompt_len: int
     output_len: int
 
@@ -269,13 +281,128 @@ def random_lens(rng: random.Random, full_len: int, range_ratio: float, num: int)
     return [rng.randint(low, full_len) for _ in range(num)]
 
 
+class LocalEntryNotFoundError(FileNotFoundError):
+    """huggingface_hub's error when a file is neither reachable on the Hub nor in the local cache; named as
+    huggingface_hub names it, so the traceback's last line reads as the real client's."""
+
+
+LocalEntryNotFoundError.__module__ = "huggingface_hub.errors"
+
+
+class OfflineModeIsEnabled(ConnectionError):
+    """huggingface_hub's error for a request made with HF_HUB_OFFLINE set."""
+
+
+OfflineModeIsEnabled.__module__ = "huggingface_hub.errors"
+
+
+class HubConnectError(ConnectionError):
+    """httpx's ConnectError, as a host that cannot resolve huggingface.co gets it."""
+
+
+HubConnectError.__module__ = "httpx"
+HubConnectError.__qualname__ = HubConnectError.__name__ = "ConnectError"
+
+
+def is_file_valid_json(path: str) -> bool:
+    """sglang.benchmark.utils.is_file_valid_json."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            json.load(f)
+        return True
+    except json.JSONDecodeError as e:
+        print(f"{path} exists but json loading fails ({e=}), thus treat as invalid file")
+        return False
+
+
+def hf_cache_dir() -> str:
+    """huggingface_hub.constants.HF_HUB_CACHE, from the same environment variables."""
+    home = os.path.expandvars(os.path.expanduser(os.getenv(
+        "HF_HOME", os.path.join(os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
+                                "huggingface"))))
+    legacy = os.getenv("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub"))
+    return os.path.expandvars(os.path.expanduser(os.getenv("HF_HUB_CACHE", legacy)))
+
+
+def download_and_cache_hf_file(repo_id: str, filename: str, repo_type: str = "dataset") -> str:
+    """sglang.benchmark.utils.download_and_cache_hf_file, i.e. huggingface_hub's hf_hub_download, on a host that
+    cannot reach the Hub (the lab): the copy in the cache that refs/main names, if there is one (as
+    hf_hub_download falls back to it when its HEAD call fails), else its error. The real client first retries
+    the HEAD call five times over about 23 s (none with HF_HUB_OFFLINE); the simulator prints those lines
+    without the wait."""
+    storage = os.path.join(hf_cache_dir(), f"{repo_type}s--{repo_id.replace('/', '--')}")
+    ref = os.path.join(storage, "refs", "main")
+    if os.path.isfile(ref):
+        with open(ref) as f:
+            cached = os.path.join(storage, "snapshots", f.read(), filename)
+        if os.path.exists(cached):
+            return cached
+    url = f"{HF_ENDPOINT}/{repo_type}s/{repo_id}/resolve/main/{filename}"
+    if os.environ.get("HF_HUB_OFFLINE", os.environ.get("TRANSFORMERS_OFFLINE", "")).upper() in ("1", "ON", "YES",
+                                                                                               "TRUE"):
+        cause = OfflineModeIsEnabled(f"Cannot reach {url}: offline mode is enabled. To disable it, please unset "
+                                     "the `HF_HUB_OFFLINE` environment variable.")
+    else:
+        cause = HubConnectError("[Errno -2] Name or service not known")
+        for attempt, wait in enumerate((1, 2, 4, 8, 8), 1):  # huggingface_hub's http_backoff
+            print(f"'{cause}' thrown while requesting HEAD {url}", file=sys.stderr)
+            print(f"Retrying in {wait}s [Retry {attempt}/5].", file=sys.stderr)
+        print(f"'{cause}' thrown while requesting HEAD {url}", file=sys.stderr)
+    raise LocalEntryNotFoundError(
+        "An error happened while trying to locate the file on the Hub and we cannot find the requested files"
+        " in the local cache. Please check your connection and try again or make sure your Internet connection"
+        " is on.") from cause
+
+
+def encode(text: str) -> list[int]:
+    """The simulator's tokenizer: one token per word."""
+    return [zlib.crc32(word.encode()) % VOCAB_SIZE for word in text.split()]
+
+
+def decode(ids: list[int]) -> str:
+    """Token ids back to words the simulated server counts as one token each (3 letters and a space)."""
+    return " ".join(PROMPT_WORDS[i % len(PROMPT_WORDS)] for i in ids)
+
+
 def random_requests(args, rng: random.Random) -> list[Row]:
+    """sample_random_requests (sglang/benchmark/datasets/random.py): ``random`` repeats or truncates ShareGPT
+    prompts to the drawn lengths, ``random-ids`` makes runs of token ids from a random offset; text unless
+    --tokenize-prompt (token ids, sent as input_ids)."""
     input_lens = random_lens(rng, args.random_input_len, args.random_range_ratio, args.num_prompts)
     output_lens = random_lens(rng, args.random_output_len, args.random_range_ratio, args.num_prompts)
+    return_text = not args.tokenize_prompt  # the simulator's tokenizer adds no special tokens
     rows = []
-    for n_in, n_out in zip(input_lens, output_lens, strict=True):
-        # each word is 3 letters and a space: the simulator counts (len + 3) // 4 tokens, so n_in words are n_in
-        rows.append(Row(" ".join(rng.choice(PROMPT_WORDS) for _ in range(n_in)), n_in, n_out))
+    if args.dataset_name == "random":
+        dataset_path = args.dataset_path
+        if not is_file_valid_json(dataset_path):
+            dataset_path = download_and_cache_hf_file(repo_id=SHAREGPT_REPO_ID, filename=SHAREGPT_FILENAME)
+        with open(dataset_path) as f:
+            dataset = json.load(f)
+        dataset = [d for d in dataset if len(d.get("conversations", d.get("conversation", []))) >= 2]
+        dataset = [(d.get("conversations", d.get("conversation", []))[0]["value"],
+                    d.get("conversations", d.get("conversation", []))[1]["value"]) for d in dataset]
+        random.shuffle(dataset)  # the module's generator, seeded with --seed, as the real client's
+        for prompt, _ in dataset:
+            i = len(rows)
+            if i == args.num_prompts:
+                break
+            ids = encode(prompt)
+            if not ids:
+                continue
+            ids = ids[: input_lens[i]] if len(ids) > input_lens[i] else \
+                (ids * ((input_lens[i] + len(ids) - 1) // len(ids)))[: input_lens[i]]
+            rows.append(Row(decode(ids) if return_text else ids, input_lens[i], output_lens[i]))
+    else:
+        for i, (n_in, n_out) in enumerate(zip(input_lens, output_lens, strict=True)):
+            if return_text:
+                # each word is 3 letters and a space: the simulator counts (len + 3) // 4 tokens, so n_in words
+                # are n_in tokens
+                rows.append(Row(" ".join(rng.choice(PROMPT_WORDS) for _ in range(n_in)), n_in, n_out))
+            else:
+                offset = rng.randrange(VOCAB_SIZE)
+                rows.append(Row([(offset + i + j) % VOCAB_SIZE for j in range(n_in)], n_in, n_out))
     print(f"#Input tokens: {sum(input_lens)}")
     print(f"#Output tokens: {sum(output_lens)}")
     return rows
@@ -283,7 +410,7 @@ def random_requests(args, rng: random.Random) -> list[Row]:
 
 def generate(args, api_url: str, row: Row, output_len: int, extra_body: dict) -> Output:
     """async_request_sglang_generate: one streamed /generate; TTFT at the first text, ITL spread over a chunk."""
-    payload = {"text": row.prompt,
+    payload = {("text" if isinstance(row.prompt, str) else "input_ids"): row.prompt,
                "sampling_params": {"temperature": 0.0, "max_new_tokens": output_len,
                                    "ignore_eos": not args.disable_ignore_eos},
                "stream": not args.disable_stream, "lora_path": None, "return_logprob": args.return_logprob,
@@ -554,14 +681,28 @@ def benchmark(args, api_url: str, base_url: str, rows: list[Row], extra_body: di
     return result | details
 
 
+def host_url(host: str, port: int) -> str:
+    """sglang.srt.utils.network.NetworkAddress(host, port).to_url(): brackets around an IPv6 address are taken
+    off, then put around every IPv6 address (``::1`` and ``[::1]`` both give ``http://[::1]:PORT``)."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.IPv6Address(host)
+        host = f"[{host}]"
+    except ValueError:
+        pass
+    return f"http://{host}:{port}"
+
+
 def run_benchmark(args) -> dict:
     print(f"benchmark_args={args}")
     random.seed(args.seed)
     extra_body = json.loads(args.extra_request_body) if args.extra_request_body else {}
+    if args.tokenize_prompt:
+        assert args.backend == "sglang", "`--tokenize-prompt` only compatible with `--backend sglang` currently"
     if args.port is None:
         args.port = DEFAULT_PORTS.get(args.backend, 30000)
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    host_base = f"http://{host}:{args.port}"
+    host_base = host_url(args.host, args.port)
     model_url = f"{args.base_url}/v1/models" if args.base_url else f"{host_base}/v1/models"
     if args.backend not in DRIVEN_BACKENDS:
         print(f"The simulated bench_serving drives SGLang's /generate only (--backend sglang or sglang-native); "
