@@ -37,9 +37,14 @@ options:
     elements: dict
     required: true
   dest:
-    description: Directory for the report files (made if missing); relative to the controller's working directory.
+    description:
+      - Directory for the report files (made if missing), an absolute path.
+      - A relative path is refused. Ansible runs a module on the controller in the playbook's directory, not in the
+        working directory of C(ansible-playbook), so a relative path would land next to the playbook; resolve it in
+        the play instead, as C(playbooks/bench.yml) does (C({{ bench_report_dir | ansible.builtin.realpath }}):
+        filters run in the controller's own process, in its working directory).
     type: path
-    default: reports
+    required: true
   stem:
     description: File name without extension; default C(bench-<UTC time>).
     type: str
@@ -68,7 +73,7 @@ EXAMPLES = r"""
     profiles:
       - {profile: ep8, status: ok, outcome: {outcome: ready}, results_file: /tmp/bench/ep8.jsonl}
       - {profile: pp8, status: failed, outcome: {outcome: failed, state: oom, phase: weight_load}}
-    dest: reports
+    dest: "{{ 'reports' | ansible.builtin.realpath }}"  # reports/ under the working directory
     slo_p99_itl_ms: 100
   delegate_to: localhost
   register: bench_written
@@ -108,7 +113,7 @@ def main():
             "host": {"type": "str", "required": True},
             "model": {"type": "str", "required": True},
             "profiles": {"type": "list", "elements": "dict", "required": True},
-            "dest": {"type": "path", "default": "reports"},
+            "dest": {"type": "path", "required": True},
             "stem": {"type": "str"},
             "slo_p99_itl_ms": {"type": "float"},
             "slo_p99_ttft_ms": {"type": "float"},
@@ -118,6 +123,10 @@ def main():
         supports_check_mode=False,
     )
     p = module.params
+    if not os.path.isabs(p["dest"]):
+        module.fail_json(msg=f"dest is {p['dest']!r}, a relative path: this module runs in the playbook's directory "
+                             "(Ansible runs modules on the controller there), not in the working directory of "
+                             "ansible-playbook. Pass an absolute path, e.g. \"{{ dir | ansible.builtin.realpath }}\".")
     profiles = []
     for entry in p["profiles"]:
         entry = dict(entry)
@@ -138,7 +147,7 @@ def main():
     try:
         report = build_report(p["host"], p["model"], profiles, p["slo_p99_itl_ms"], p["slo_p99_ttft_ms"],
                               **p["facts"])
-        files = write_report(report, os.path.abspath(p["dest"]), stem, plots=p["plots"])
+        files = write_report(report, p["dest"], stem, plots=p["plots"])
     except BenchReportError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:

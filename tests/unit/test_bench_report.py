@@ -189,6 +189,19 @@ def test_module_writes_the_report_from_fetched_jsonl(tmp_path):
     assert answer["files"]["plots"] == [] and (tmp_path / "out" / "bench-x.md").is_file()
 
 
+
+def test_module_refuses_a_relative_dest(tmp_path):
+    """Ansible runs the module on the controller in the playbook's directory: a relative dest would land there,
+    not under the working directory of ansible-playbook, so the play resolves it and the module takes none."""
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"host": "h", "model": "m", "profiles": [],
+                                                             "dest": "reports", "plots": False}}))
+    out = subprocess.run([sys.executable, "-m", "ansible_collections.moefleet.serving.plugins.modules.bench_report",
+                          str(args_file)], capture_output=True, text=True, cwd=tmp_path)
+    answer = json.loads(out.stdout)
+    assert answer["failed"] is True and answer["msg"].startswith("dest is 'reports', a relative path: ")
+    assert not (tmp_path / "reports").exists()
+
 BLOCK = """============ Serving Benchmark Result ============
 Backend:                                 sglang
 Max request concurrency:                 64
