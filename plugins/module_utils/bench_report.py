@@ -226,8 +226,14 @@ def markdown(report):
     workload = report.get("workload") or {}
     if workload:
         ladder = ", ".join(str(c) for c in workload.get("ladder") or [])
-        lines.append(f"Workload: `--dataset-name {workload.get('dataset_name')}`, {workload.get('input_len')} input "
-                     f"and {workload.get('output_len')} output tokens per request, concurrency {ladder}.")
+        flags = f"--dataset-name {workload.get('dataset_name')}"
+        if workload.get("dataset_path"):
+            flags += f" --dataset-path {workload['dataset_path']}"
+        if workload.get("tokenize_prompt"):
+            flags += " --tokenize-prompt"
+        target = f" against {workload['server_url']}" if workload.get("server_url") else ""
+        lines.append(f"Workload: `{flags}`, {workload.get('input_len')} input and {workload.get('output_len')} "
+                     f"output tokens per request, concurrency {ladder}{target}.")
     if report.get("started"):
         lines.append(f"Measured {report['started']} to {report.get('finished', '?')} (UTC).")
     lines += ["", "| profile | status | tok/s at 1 request | peak aggregate tok/s | at concurrency "

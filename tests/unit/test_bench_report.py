@@ -117,7 +117,13 @@ def test_markdown_summary_table():
     assert "- Fastest single stream: **ep8** (65.0 tok/s at one request)" in text
     assert "- Highest aggregate: **tp2ep4** (1531.0 tok/s at concurrency 256)" in text
     assert "within p99 ITL <= 100 ms and p99 TTFT <= 10000 ms: **tp2ep4** (1300.0 tok/s at concurrency 64" in text
-    assert "concurrency 1, 64, 256" in text
+    assert "Workload: `--dataset-name random`, 1024 input and 512 output tokens per request, concurrency 1, 64, 256." \
+        in text
+    # What the sweep records: the dataset's flags and the address the client measured.
+    report["workload"] |= {"dataset_name": "random-ids", "tokenize_prompt": True, "dataset_path": None,
+                           "server_url": "http://[fd00::7]:30000"}
+    assert ("Workload: `--dataset-name random-ids --tokenize-prompt`, 1024 input and 512 output tokens per request, "
+            "concurrency 1, 64, 256 against http://[fd00::7]:30000.") in bench_report.markdown(report)
     none_met = bench_report.markdown(bench_report.build_report("h", "m", PROFILES, 1))
     assert "Highest aggregate within p99 ITL <= 1 ms: none (no measurement stayed within p99 ITL <= 1 ms)" in none_met
 
