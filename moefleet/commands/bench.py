@@ -2,7 +2,8 @@
 
 `moefleet bench run [-i INVENTORY] [--profiles a,b] [--limit HOST] [-e VARS] [--report PATH]` runs
 playbooks/bench.yml through ansible-runner on one host (the first of group blackwell, or --limit): each profile
-served through the sglang_service role, then measured with SGLang's own bench_serving at a concurrency ladder.
+served through the sglang_service role, then measured with SGLang's own bench_serving at a concurrency ladder
+(with a group routers, the host is out of them for the sweep).
 It prints one line per step (profile k of n, each concurrency level's output tok/s and p99 ITL), then the
 summary table and the recommendation; the report (JSON, CSV, Markdown, PNG plots) lands under reports/.
 Exit codes: 0 the report was written and the host serves again; 1 the run failed or wrote no report; 2 bad
@@ -170,6 +171,9 @@ NOT_SERVED_TASK = re.compile(r"^Sweep: (record a profile that did not serve|requ
 FACTS_TASK = "Gather the host's facts (the service role reads systemd's version; local facts say what serves)"
 REPORT_TASK = "Write the report on the controller"
 RESTORE_TASK = "Serve again what the host served before the sweep, or the winner"
+ROUTERS_OUT_TASK = "Take the host out of the routers for the sweep and let its requests finish"
+ROUTERS_IN_TASK = "Put the host back into the routers and wait until they route to it"
+ROUTERS_STAY_OUT_TASK = "Say that the host stays out of the routers"
 APPLY_TASKS = ("Create the group's vars file with the winner",
                "Set sglang_profile to the winner in the group's vars file")
 
@@ -227,6 +231,10 @@ class SweepProgress:
         elif task == RESTORE_TASK:
             self.position = ""
             self.say(f"{host}: serving again what it served before the sweep (or the winner)")
+        elif task == ROUTERS_OUT_TASK:
+            self.say(f"{host}: out of the routers for the sweep (its requests finish first)")
+        elif task == ROUTERS_IN_TASK:
+            self.say(f"{host}: back into the routers")
 
     def level(self, result: dict[str, Any]) -> None:
         concurrency = result.get(result.get("ansible_loop_var") or "bench_concurrency")
@@ -249,6 +257,8 @@ class SweepProgress:
             facts = result.get("ansible_facts") or {}
             reason = " ".join(str(facts.get("__bench_error") or "").split())
             self.say(f"{self.position or match['profile']}: did not serve" + (f": {reason}" if reason else ""))
+        elif task == ROUTERS_STAY_OUT_TASK and result.get("msg"):
+            self.say(" ".join(str(result["msg"]).split()))
         elif task == REPORT_TASK:
             self.report = result.get("report")
             self.files = result.get("files")

@@ -231,6 +231,7 @@ def test_cli_progress_follows_the_sweeps_events():
     def event(kind, task, host="itest-1", **res):
         progress({"event": kind, "event_data": {"task": task, "host": host, "res": res}})
 
+    event("runner_on_start", "Take the host out of the routers for the sweep and let its requests finish")
     event("runner_on_start", "Sweep: note the start of profile 1 of 2: pp8")
     event("runner_on_ok", "Sweep: record a profile that did not serve: pp8",
           ansible_facts={"__bench_error": "itest-1 does not serve pp8: outcome failed"})
@@ -243,7 +244,10 @@ def test_cli_progress_follows_the_sweeps_events():
           ansible_loop_var="bench_concurrency")
     event("runner_on_ok", "Write the report on the controller", host="localhost",
           report={"recommendation": {"throughput": "tp2ep4"}}, files={"plots": []})
+    event("runner_on_start", "Serve again what the host served before the sweep, or the winner")
+    event("runner_on_start", "Put the host back into the routers and wait until they route to it")
     assert out.getvalue().splitlines() == [
+        "04:05:06  itest-1: out of the routers for the sweep (its requests finish first)",
         "04:05:06  profile 1 of 2: pp8: starting",
         "04:05:06  profile 1 of 2: pp8: did not serve: itest-1 does not serve pp8: outcome failed",
         "04:05:06  profile 2 of 2: tp2ep4: starting",
@@ -251,6 +255,8 @@ def test_cli_progress_follows_the_sweeps_events():
         "04:05:06  profile 2 of 2: tp2ep4: concurrency 64: 1290.6 output tok/s, p99 ITL 61.7 ms, p99 TTFT 2410 ms",
         "04:05:06  profile 2 of 2: tp2ep4: concurrency 256: bench_serving exited 1: "
         "ConnectionRefusedError: [Errno 111]",
+        "04:05:06  itest-1: serving again what it served before the sweep (or the winner)",
+        "04:05:06  itest-1: back into the routers",
     ]
     assert progress.report == {"recommendation": {"throughput": "tp2ep4"}} and progress.reached_host
 
@@ -269,7 +275,8 @@ def test_cli_progress_knows_the_playbooks_task_names():
                     .replace("{{ bench_profile }}", "ep8") for name in names]
     for pattern in (bench.SERVE_TASK, bench.MEASURE_TASK, bench.NOT_SERVED_TASK):
         assert any(pattern.match(name) for name in rendered), pattern.pattern
-    for name in (bench.REPORT_TASK, bench.RESTORE_TASK, bench.FACTS_TASK, *bench.APPLY_TASKS):
+    for name in (bench.REPORT_TASK, bench.RESTORE_TASK, bench.FACTS_TASK, *bench.APPLY_TASKS, bench.ROUTERS_OUT_TASK,
+                 bench.ROUTERS_IN_TASK, bench.ROUTERS_STAY_OUT_TASK):
         assert name in names, name
 
 
