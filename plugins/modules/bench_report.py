@@ -40,9 +40,9 @@ options:
     description:
       - Directory for the report files (made if missing), an absolute path.
       - A relative path is refused. Ansible runs a module on the controller in the playbook's directory, not in the
-        working directory of C(ansible-playbook), so a relative path would land next to the playbook; resolve it in
-        the play instead, as C(playbooks/bench.yml) does (C({{ bench_report_dir | ansible.builtin.realpath }}):
-        filters run in the controller's own process, in its working directory).
+        working directory of C(ansible-playbook), so a relative path would land next to the playbook. Resolve it in
+        the play instead, as C(playbooks/bench.yml) does with the filter C(ansible.builtin.realpath), which runs in
+        the controller's own process and so in its working directory.
     type: path
     required: true
   stem:
