@@ -99,6 +99,8 @@ def test_the_client_is_pointed_at_the_address_the_server_binds(tmp_path):
     # and it is what bench_serving gets as --host, with the dataset that needs no download
     profile = (ROOT / "playbooks" / "tasks" / "bench_profile.yml").read_text()
     assert "'--host', bench_server_host," in profile and "'127.0.0.1'" not in profile
+    # the model directory as --model: the client's chat-template check reads it, not the Hub
+    assert "'--model', bench_model_path, '--served-model-name', bench_model," in profile
     assert "(['--tokenize-prompt'] if bench_tokenize_prompt | bool else [])" in profile
     assert sweep_play()["vars"]["bench_dataset_name"] == "random-ids"
 
