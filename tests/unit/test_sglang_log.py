@@ -59,6 +59,18 @@ EXPECTED = {
     # the scheduler logs the traceback under its own rank prefix; cut inside it
     "43-crash_other-phi35-rank-prefixed-traceback-capture-cut.log": ("crashed", "cuda_graph", "other"),
     "44-hang-dp8-capture-custom-allreduce-registering-addresses.log": ("hung", "cuda_graph", None),
+    # constructed (README): the schedulers cannot initialise CUDA at set_device; no GPU a smaller layout could use
+    "45-crash_other-gpu-unavailable-uvm-node-closed-set-device-journal.log": (
+        "crashed",
+        "nccl_init",
+        "gpu_unavailable",
+    ),
+    # constructed: the launcher's get_device() finds no accelerator; PyTorch's warning before it says why
+    "46-crash_other-gpu-unavailable-launcher-no-accelerator-cuda-warning-journal.log": (
+        "crashed",
+        "launch",
+        "gpu_unavailable",
+    ),
 }
 
 # logs that end inside a traceback with no failure marker before it: only their end says they failed

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from ansible_collections.moefleet.serving.plugins.module_utils import rollback
 from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import (
     CAUSES,
     GPU_REASONS,
@@ -283,6 +284,29 @@ def test_the_driver_cause_is_still_a_driver_that_does_not_fit():
     assert verdict.cause == "driver" and "570" in verdict.advice
 
 
+def test_the_incident_log_is_gpus_unavailable_with_the_device_node_advice():
+    """Log 45: before, 'crashed (other)'. Every failing rank says the same; the first one decides."""
+    text = _text(UVM_LOG)
+    verdict = classify(text)
+    assert (verdict.state, verdict.phase, verdict.cause, verdict.rank) == (
+        "crashed",
+        "nccl_init",
+        "gpu_unavailable",
+        "TP3",
+    )
+    assert verdict.line.startswith("RuntimeError: CUDA unknown error")
+    assert verdict.advice == advice_for("crashed", cause="gpu_unavailable", reason="no_device")
+    assert verdict.oom is None
+
+
+def test_the_launcher_log_takes_its_reason_from_pytorchs_warning():
+    """Log 46: the deciding line only says no accelerator; the CUDA warning 30 lines above says why."""
+    verdict = classify(_text(LAUNCHER_LOG))
+    assert (verdict.state, verdict.phase, verdict.cause, verdict.rank) == ("crashed", "launch", "gpu_unavailable", None)
+    assert verdict.line.startswith("RuntimeError: No accelerator")
+    assert verdict.advice == advice_for("crashed", cause="gpu_unavailable", reason="no_device")
+
+
 @pytest.mark.parametrize("reason", GPU_REASONS)
 def test_each_reason_has_its_own_advice_that_names_what_to_check(reason):
     advice = advice_for("crashed", cause="gpu_unavailable", reason=reason)
@@ -310,3 +334,15 @@ def test_the_readiness_module_documents_every_cause():
     doc = (REPO / "plugins" / "modules" / "sglang_readiness.py").read_text(encoding="utf-8")
     for cause in CAUSES:
         assert f"C({cause})" in doc, cause
+
+
+@pytest.mark.parametrize("name", [UVM_LOG, LAUNCHER_LOG])
+def test_the_rollback_restores_and_falls_back_to_no_smaller_profile(name):
+    """What the classifier says feeds the rollback: a host with no usable GPU is no memory problem."""
+    verdict = classify(_text(name))
+    outcome = {"state": verdict.state, "phase": verdict.phase, "cause": verdict.cause}
+    attempt = {**rollback.first_attempt("tp8", "pcie_p2p"), "outcome": outcome}
+    catalog = {"profiles": {"tp8": {"nccl": "pcie_p2p"}, "tp4ep2": {"nccl": "pcie_p2p"}}}
+    step = rollback.next_step(["tp8", "tp4ep2"], [attempt], catalog)
+    assert step["action"] == "restore" and "attempt" not in step
+    assert "gpu_unavailable" in step["reason"] and "needs the GPUs too" in step["reason"]
