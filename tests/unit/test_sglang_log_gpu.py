@@ -336,6 +336,15 @@ def test_the_readiness_module_documents_every_cause():
         assert f"C({cause})" in doc, cause
 
 
+def test_the_readme_troubleshooting_table_quotes_the_gpu_advice():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Troubleshooting by symptom", 1)[1].split("\n## ", 1)[0]
+    section = section.replace("\\|", "|")  # a | inside a table cell is written \|
+    for reason in GPU_REASONS:
+        assert advice_for("crashed", cause="gpu_unavailable", reason=reason) in section, reason
+    assert advice_for("crashed", cause="gpu_fault") in section
+
+
 @pytest.mark.parametrize("name", [UVM_LOG, LAUNCHER_LOG])
 def test_the_rollback_restores_and_falls_back_to_no_smaller_profile(name):
     """What the classifier says feeds the rollback: a host with no usable GPU is no memory problem."""
