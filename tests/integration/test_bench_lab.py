@@ -123,6 +123,9 @@ WORKER = f"{ROUTED_LAB}-1"
 LAB_PY = ROOT / "sim" / "lab" / "lab.py"
 VENV_BIN = Path(sys.executable).parent
 ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/routers.yml
+# A router lab's workers require a key and the gateway has it (lab.py up --router): its clients send it, and
+# the sweep hands it to bench_serving (sglang_service_api_key).
+WORKER_KEY = "lab-worker-api-key-not-a-secret"  # inventory/sim/group_vars/all.yml (lab_worker_api_key)
 # Starts on a fast clock (nothing here depends on how long a start takes); the same on every run, so the
 # restored unit is the deployed one.
 FAST = {"sglang_service_extra_env": {"SGLANG_SIM_FAULTS": "{{ _lab_sim_faults }}", "SGLANG_SIM_TIME_SCALE": "0.2"}}
@@ -165,7 +168,8 @@ class RouterWatch(threading.Thread):
                 listed = None
             self.samples.append((now, listed))
             req = urllib.request.Request(f"{self.router_url}/v1/chat/completions", data=body,
-                                         headers={"content-type": "application/json"})
+                                         headers={"content-type": "application/json",
+                                                  "Authorization": f"Bearer {WORKER_KEY}"})
             try:
                 with urllib.request.urlopen(req, timeout=10) as resp:
                     resp.read()
@@ -223,23 +227,31 @@ def test_sweep_behind_a_router_measures_the_bind_address_out_of_the_router(route
     assert [(p["profile"], p["status"]) for p in report["profiles"]] == [("ep8", "ok")]
     assert report["workload"]["server_url"] == worker_url
 
-    # The worker's starts since the sweep began: ep8's, then the restored tp8's (the last).
+    # The worker's runs (systemd invocations), each with its journal lines: the one that served before the sweep,
+    # then the starts since: ep8's, then the restored tp8's (the last).
     journal = [json.loads(line) for line in on_host(
         inventory, WORKER, "journalctl -u sglang.service -o json --no-pager").splitlines() if line.startswith("{")]
-    starts: dict[str, list[tuple[float, str]]] = {}
+    invocations: dict[str, list[tuple[float, str]]] = {}
     for entry in journal:
-        when = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
-        if when > since and entry.get("_SYSTEMD_INVOCATION_ID"):
-            starts.setdefault(entry["_SYSTEMD_INVOCATION_ID"], []).append((when, str(entry.get("MESSAGE"))))
-    runs = sorted(starts.values(), key=lambda lines: lines[0][0])
-    assert len(runs) >= 2, [lines[0] for lines in runs]
-    measured = [message for lines in runs[:-1] for _, message in lines]
+        if entry.get("_SYSTEMD_INVOCATION_ID"):
+            invocations.setdefault(entry["_SYSTEMD_INVOCATION_ID"], []).append(
+                (int(entry["__REALTIME_TIMESTAMP"]) / 1e6, str(entry.get("MESSAGE"))))
+    runs = sorted(invocations.values(), key=lambda lines: lines[0][0])
+    before = [lines for lines in runs if lines[0][0] <= since][-1]
+    started = [lines for lines in runs if lines[0][0] > since]
+    assert len(started) >= 2, [lines[0] for lines in started]
+    measured = [message for lines in started[:-1] for _, message in lines]
+
+    def routed(lines):
+        return [m for _, m in lines if f"INFO:     {router_ip}:" in m and '"POST ' in m]
+
     # bench_serving reached the server at its lab address (from the worker itself), ...
-    assert any(f'INFO:     {worker_ip}:' in m and '"POST /generate HTTP/1.1" 200' in m for m in measured)
-    # ... and the router sent the sweep's starts no request, though its clients kept sending: it did not list
-    # the worker from before the first restart to after the last one.
-    assert not [m for m in measured if f"INFO:     {router_ip}:" in m and '"POST ' in m]
-    first, last = runs[0][0][0], runs[-2][-1][0]
+    assert any(f"INFO:     {worker_ip}:" in m and '"POST /generate HTTP/1.1" 200' in m for m in measured)
+    # ... and the router, which sent its clients' requests to the worker before the sweep and again after it,
+    # sent the sweep's starts none: it did not list the worker from before the first restart to after the last.
+    assert routed(before) and routed(started[-1])
+    assert not [m for lines in started[:-1] for m in routed(lines)]
+    first, last = started[0][0][0], started[-2][-1][0]
     assert any(listed for t, listed in watch.samples if t < first), "the router listed the worker before"
     assert not [t for t, listed in watch.samples if first <= t <= last and listed], "a router listed the worker"
     # Back in the router, ready, serving tp8 again.
