@@ -226,3 +226,9 @@ def test_check_yes_and_the_playbook_agree(value, count, tmp_path, monkeypatch, c
     assert max(len(batch) for batch in planned) == allowed == count * int(value.rstrip("%")) // 100
     assert yes == 0 and fleet.playbooks[0]["moefleet_max_unavailable"] == value  # to the playbook unchanged
     assert playbook.returncode == 0, playbook.stdout
+
+
+def test_rollout_ymls_own_values_pass_the_check_operators_values_get():
+    assert playbook_inputs.problems(_import_vars()) == []
+    assert set(_import_vars()) >= {"moefleet_serial", "moefleet_max_fail_percentage", "moefleet_any_errors_fatal",
+                                   "moefleet_health_gate", "moefleet_through_routers"}
