@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """A bounded load client: a fixed number of streamed chat completions at a fixed rate, then it stops.
 
-    python tests/router_load.py URL... [--count N] [--rate R] [--max-tokens T] [--model M] [--json FILE]
+    python tests/router_load.py URL... [--count N] [--rate R] [--max-tokens T] [--model M] [--api-key-file F]
+                                [--json FILE]
 
 Request i starts at i / R seconds (open loop: a slow answer does not delay the next request), each in its
 own thread, each a POST URL/v1/chat/completions with "stream": true read to its "data: [DONE]". A request
 fails when it gets no 200, the stream breaks, or [DONE] never comes. Prints (or writes to --json) the
-counts, the p50/p99 end-to-end latency and each failure's reason. Standard library only.
+counts, the p50/p99 end-to-end latency and each failure's reason. With a key, each request sends
+`Authorization: Bearer KEY` (read from a file on the command line: never in the process list). Standard library only.
 Used by tests/integration/test_router_lab.py and the rollout part of tests/bench/run.py.
 """
 
@@ -30,11 +32,14 @@ def percentile(values: list[float], pct: float) -> float | None:
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
-def one_request(url: str, model: str, max_tokens: int, i: int, timeout: float) -> tuple[bool, float, str]:
+def one_request(url: str, model: str, max_tokens: int, i: int, timeout: float,
+                api_key: str = "") -> tuple[bool, float, str]:
     body = json.dumps({"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
                        "messages": [{"role": "user", "content": f"request {i}: say something"}]}).encode()
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                 headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers=headers)
     started = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -54,11 +59,11 @@ class Load:
     """Runs the load in a background thread; result() waits for every request and returns the summary."""
 
     def __init__(self, url: str | list[str], count: int, rate: float, max_tokens: int = 64,
-                 model: str = "kimi-k2.6", timeout: float = 120.0) -> None:
+                 model: str = "kimi-k2.6", timeout: float = 120.0, api_key: str = "") -> None:
         # Several URLs (servers without a router in front): request i goes to URL i mod len, round robin.
         self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
         self.count, self.rate = count, rate
-        self.max_tokens, self.model, self.timeout = max_tokens, model, timeout
+        self.max_tokens, self.model, self.timeout, self.api_key = max_tokens, model, timeout, api_key
         self.results: list[tuple[bool, float, str]] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -71,7 +76,8 @@ class Load:
         return self
 
     def _one(self, i: int) -> None:
-        outcome = one_request(self.urls[i % len(self.urls)], self.model, self.max_tokens, i, self.timeout)
+        outcome = one_request(self.urls[i % len(self.urls)], self.model, self.max_tokens, i, self.timeout,
+                              self.api_key)
         with self._lock:
             self.results.append(outcome)
 
@@ -108,9 +114,14 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5.0, help="requests started per second")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--model", default="kimi-k2.6")
+    parser.add_argument("--api-key-file", help="a file holding the API key the servers (or the router) require")
     parser.add_argument("--json", help="write the summary here as well")
     args = parser.parse_args()
-    summary = Load(args.url, args.count, args.rate, args.max_tokens, args.model).start().result()
+    key = ""
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as fh:
+            key = fh.read().strip()
+    summary = Load(args.url, args.count, args.rate, args.max_tokens, args.model, api_key=key).start().result()
     print(json.dumps(summary, indent=2))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

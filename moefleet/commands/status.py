@@ -26,13 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "degraded: a fallback serves; restored: the last unit that served runs instead; failed: the last "
             "run left nothing serving; down: not serving now; unknown: unreachable or no moefleet facts), "
             "health (serving, starting, down, unreachable), with routers its state in them (ready, draining, "
-            "out, unknown), the last rollback and failures while serving, then one line saying how many hosts "
+            "out, unroutable: listed under another model, unknown), "
+            "the last rollback and failures while serving, then one line saying how many hosts "
             "serve what they were asked and what the others do. Times are UTC. --json prints the document "
             "(schemas/status.schema.json) instead. Exit status: 0 only when every host serves what it was "
-            "asked; 1 when a host drifted or does not serve, when the inventory has no host in group blackwell, "
-            "or when the run wrote no status document; 2 on input errors (no such inventory, a --limit that "
-            "matches no host, a vault password file that is not there); 3 when a host was unreachable (before "
-            "1)."
+            "asked and every router routes to it; 1 when a host drifted, does not serve or is unroutable, when "
+            "the inventory has no host in group blackwell, or when the run wrote no status document; 2 on input "
+            "errors (no such inventory, a --limit that matches no host, a vault password file that is not "
+            "there); 3 when a host was unreachable (before 1)."
         ),
     )
     add_target_arguments(parser, "only these hosts (Ansible's --limit pattern)")
@@ -96,7 +97,8 @@ def exit_code(hosts: list[dict[str, Any]]) -> int:
     """0 only when every host serves what it was asked; 3 when one was unreachable; 1 otherwise."""
     if any(h.get("health") == "unreachable" for h in hosts):
         return EXIT_UNREACHABLE
-    return EXIT_OK if hosts and all(state_of(h) == "ready" for h in hosts) else EXIT_DRIFT
+    routable = all(h.get("router") != "unroutable" for h in hosts)
+    return EXIT_OK if hosts and routable and all(state_of(h) == "ready" for h in hosts) else EXIT_DRIFT
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,7 +147,9 @@ def summary(hosts: list[dict[str, Any]]) -> str:
     one = len(hosts) == 1
     line = f"{ready} of {len(hosts)} host{'' if one else 's'} {'serves' if one else 'serve'} what " + (
         "it was asked" if one else "they were asked")
-    others = [_drift(h) for h in hosts if state_of(h) != "ready"]
+    others = [_drift(h) for h in hosts if state_of(h) != "ready"] + [
+        f"{h.get('host')} is unroutable: a router lists it under another model (set sglang_router_worker_api_key "
+        "to the workers' key and run the rollout again)" for h in hosts if h.get("router") == "unroutable"]
     return line + ("; " + "; ".join(others) if others else ".")
 
 
@@ -166,7 +170,8 @@ def _runtime(host: dict[str, Any]) -> str:
 
 
 def render_table(hosts: list[dict[str, Any]]) -> str:
-    """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unknown)."""
+    """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unroutable,
+    unknown)."""
     routed = any("router" in h for h in hosts)
     header = ("host", "serving", "asked", "outcome", "health", *(("router",) if routed else ()), "last rollback",
               "while serving")

@@ -7,14 +7,15 @@ moefleet.serving.host_inputs, .origins and .playbook_input_problems."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.moefleet.serving.plugins.module_utils import gpus as gpus_table
 from ansible_collections.moefleet.serving.plugins.module_utils import (
+    extra_flags,
     host_state,
     planner,
     playbook_inputs,
     profiles,
     rollback,
 )
+from ansible_collections.moefleet.serving.plugins.module_utils import gpus as gpus_table
 
 
 def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib=None):
@@ -29,6 +30,8 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
             if smi_mib is None:
                 raise ValueError("give gpu_memory_gib (PyTorch's capacity) or gpu_memory_mib (nvidia-smi's total)")
             gpu_memory_gib = gpus_table.torch_capacity_gib(smi_mib)
+        # numbers written as text (from -e or sglang_service_extra_flags) as SGLang reads them
+        flags = extra_flags.typed(flags) if isinstance(flags, dict) else flags
         return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib).to_dict()
     except gpus_table.UnknownGpu as exc:
         raise AnsibleFilterError(
@@ -81,11 +84,13 @@ def local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, at
 def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info, router=None):
     """One host's entry of the status document (schemas/status.schema.json). ``router``, for a fleet with
     routers: ``{'url': the worker's URL as the routers list it, 'answers': the uri results of each router's
-    GET /workers}``; the entry's router state is host_state.router_state's answer (none without routers)."""
+    GET /workers}``; the entry's router state is host_state.router_state's answer (none without routers), for the
+    model the server says it serves (``served_model_name`` of its /server_info)."""
     code = int(health_code) if health_code not in (None, "") else None
     state = None
     if isinstance(router, dict) and router.get("answers"):
-        state = host_state.router_state(str(router.get("url")), host_state.router_workers(router["answers"]))
+        state = host_state.router_state(str(router.get("url")), host_state.router_workers(router["answers"]),
+                                        (server_info or {}).get("served_model_name"))
     return host_state.status_entry(host, bool(reachable), local, runtime, unit_state, code, server_info, router=state)
 
 

@@ -13,7 +13,7 @@ from ansible_collections.moefleet.serving.plugins.module_utils.rollback import a
 HISTORY_KEPT = 50
 SERVER_ARGS = ("tp_size", "ep_size", "pp_size", "dp_size", "enable_dp_attention")
 # A worker's state in the routers (roles/sglang_router; smg's GET /workers), most to least available.
-ROUTER_STATES = ("ready", "draining", "out", "unknown")
+ROUTER_STATES = ("ready", "draining", "out", "unroutable", "unknown")
 # What `moefleet status` says of a host now (its outcome column, the entry's "state"): only "ready" is a host
 # that serves what it was asked.
 HOST_STATES = ("ready", "degraded", "restored", "failed", "down", "unknown")
@@ -120,13 +120,16 @@ def router_workers(answers: Sequence[Mapping[str, Any]] | None) -> list[list[Map
     return listings
 
 
-def router_state(worker_url: str, listings: Sequence[Sequence[Mapping[str, Any]] | None]) -> str | None:
+def router_state(worker_url: str, listings: Sequence[Sequence[Mapping[str, Any]] | None],
+                 model: str | None = None) -> str | None:
     """The worker's state across the routers, from each router's GET /workers list (None: it did not answer).
 
     ``ready``: every router lists it ready and healthy (each routes to it); ``draining``: a router is
     draining it (no new requests, in-flight ones finishing); ``out``: a router does not route to it (not
-    listed, or listed but unhealthy or still pending); ``unknown``: a router did not answer. None without
-    routers."""
+    listed, or listed but unhealthy or still pending); ``unroutable``: a router lists it ready and healthy under
+    another model than ``model``, the one the worker serves (smg registers a worker added without the key it
+    needs under model ``unknown``, and answers every request for the model with 404); ``unknown``: a router
+    did not answer. None without routers."""
     if not listings:
         return None
     states = []
@@ -140,8 +143,8 @@ def router_state(worker_url: str, listings: Sequence[Sequence[Mapping[str, Any]]
         elif entry.get("status") == "draining":
             states.append("draining")
         elif entry.get("status") == "ready" and entry.get("is_healthy"):
-            states.append("ready")
+            states.append("ready" if not model or entry.get("model_id") == model else "unroutable")
         else:
             states.append("out")
-    order = {"draining": 0, "unknown": 1, "out": 2, "ready": 3}
+    order = {"draining": 0, "unknown": 1, "unroutable": 2, "out": 3, "ready": 4}
     return min(states, key=order.__getitem__)

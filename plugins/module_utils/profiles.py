@@ -11,6 +11,7 @@ dashes (``tp_size: 8``).
 from __future__ import annotations
 
 import copy
+import json
 import math
 import posixpath
 import re
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.moefleet.serving.plugins.module_utils import planner
+from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import extra_flag_problems
 
 
 class ProfileError(ValueError):
@@ -198,7 +200,8 @@ def _printable(text: str) -> str:
 def sglang_args(profile: Mapping[str, Any]) -> list[str]:
     """The profile's flags as SGLang arguments, in the profile's order: ``["--tp-size", "8", ...]``.
 
-    ``true`` becomes a bare switch, ``false`` and null leave the flag out.
+    ``true`` becomes a bare switch, ``false`` and null leave the flag out, a list gives the flag its values in
+    turn (``--cuda-graph-bs 1 2 4``), a mapping is written as JSON (``--json-model-override-args``).
     """
     flags = profile.get("flags")
     if not isinstance(flags, Mapping):
@@ -210,6 +213,10 @@ def sglang_args(profile: Mapping[str, Any]) -> list[str]:
             continue
         if value is True:
             args.append(flag)
+        elif isinstance(value, list | tuple):
+            args.extend([flag, *(str(v) for v in value)])
+        elif isinstance(value, Mapping):
+            args.extend([flag, json.dumps(value, separators=(",", ":"))])
         else:
             args.extend([flag, str(value)])
     return args
@@ -412,7 +419,8 @@ def host_problems(
     ``inputs`` holds the variables the host defines (inventory, -e) over the roles' defaults; ``profile``
     is the resolved profile name. Checked: each documented boolean in ``booleans``; the GPUs every profile
     on ``profile``'s fallback ladder starts against ``nvidia_driver_expected_gpu_count`` (fewer is allowed
-    only with moefleet_allow_unfit); ``sglang_service_extra_flags``; the model source.
+    only with moefleet_allow_unfit); ``sglang_service_extra_flags`` (extra_flags: SGLang's own parser data);
+    ``sglang_service_port``; the model source.
     """
     problems = [p for p in (bool_problem(n, inputs[n], host) for n in booleans if n in inputs) if p]
     gpus, problem = whole_number(
@@ -442,7 +450,10 @@ def host_problems(
     if problem:
         problems.append(problem)
     else:
-        problems.extend(f"{host}: {p}" for p in flag_value_problems("sglang_service_extra_flags", extra_flags))
+        problems.extend(f"{host}: {p}" for p in extra_flag_problems("sglang_service_extra_flags", extra_flags))
+    _, problem = whole_number("sglang_service_port", inputs.get("sglang_service_port", 30000), 1, 65535, host)
+    if problem:
+        problems.append(problem)
     problems.extend(model_source_problems(host, inputs))
     return problems
 

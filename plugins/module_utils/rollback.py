@@ -14,8 +14,12 @@ fallback ladder and the attempts made so far (each with its outcome), ``next_ste
 - a CUDA-graph OOM: retune once with a smaller ``--cuda-graph-max-bs``, then move down;
 - a hang: retry once with the ``pcie_shm`` NCCL set (P2P off), plus ``--disable-custom-all-reduce``
   where SGLang's custom all-reduce would still use P2P (a TP or MoE group of two GPUs), then move down;
-- any other crash (NCCL error, port in use, bad weights, driver, args mismatch): not a layout
-  problem; restore the last unit that served, no ladder.
+- any other crash (NCCL error, port in use, bad weights, driver, a GPU fault, args mismatch): not a layout
+  problem; restore the last unit that served, no ladder;
+- GPUs CUDA cannot use (``gpu_unavailable``: device nodes missing or closed to the unit, no driver loaded, driver
+  and libraries of different versions, a lost GPU): no layout, smaller or not, starts on such a host, so no
+  fallback and no retune either; the last unit that served is restored, and its start fails the same way until the
+  host is fixed: the reason says so, so that the restore failing too is not read as a second, separate fault.
 
 When the ladder is exhausted the step is ``restore`` too.
 """
@@ -175,6 +179,11 @@ def next_step(
         what = f"{name} {'ran out of memory' if state == 'oom' else 'hung'}" + (f" ({phase})" if phase else "")
         return _down_the_ladder(ladder, attempts, catalog, what)
     cause = outcome.get("cause") or state or "an unknown failure"
+    if cause == "gpu_unavailable":
+        return {"action": "restore",
+                "reason": f"{name} could not use the host's GPUs (gpu_unavailable), which no layout or retune fixes; "
+                          "restoring the last unit that served, which needs the GPUs too: once the host is fixed "
+                          "(the advice says how), restart sglang.service or run the deploy again."}
     return {"action": "restore",
             "reason": f"{name} failed to start ({cause}), which another layout would not fix; "
                       "restoring the last unit that served."}

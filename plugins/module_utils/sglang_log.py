@@ -19,6 +19,12 @@ sigquit. The OOM phase comes from the traceback's frames first (load_model/creat
 weight_load, init_memory_pool → kv_cache, CUDA-graph capture → cuda_graph, event_loop/run_batch →
 runtime) and from the last progress line the failing rank printed otherwise.
 
+A crash names its cause (CAUSES) from the exception line, or from a warning before it (a CUDA initialization
+warning, nvidia-smi's error) when the exception line says nothing. A host whose GPUs CUDA or NVML cannot use
+(device nodes missing or closed to the unit, no driver loaded, driver and libraries of different versions, a
+lost GPU) is ``gpu_unavailable``, with advice that follows the reason (GPU_REASONS, gpu_reason); a GPU that
+failed while running a kernel (unspecified launch failure, an uncorrectable ECC error) is ``gpu_fault``.
+
 Public API:
 
     classify(lines, idle_seconds=None, hang_seconds=None) -> Verdict   (reads newest-first logs too)
@@ -26,7 +32,8 @@ Public API:
     LogFollower(started_at=None): .feed(line, now=None) -> Verdict, .verdict(now=None, hang_seconds=None),
         .finish() -> Verdict, .phase, .last_progress_at, .pending_since, .lines_seen
     parse_oom_message(text) -> dict | None
-    advice_for(state, phase=None, cause=None) -> str
+    gpu_reason(*lines) -> str | None   (one of GPU_REASONS)
+    advice_for(state, phase=None, cause=None, reason=None) -> str
     split_line(raw) -> list[ParsedLine]
 """
 
@@ -38,7 +45,18 @@ from dataclasses import dataclass, field, replace
 
 STATES = ("ready", "starting", "oom", "crashed", "hung")
 OOM_PHASES = ("weight_load", "kv_cache", "cuda_graph", "runtime")
-CAUSES = ("nccl", "port_in_use", "bad_weights", "unsupported_arch", "driver", "other")
+CAUSES = ("nccl", "port_in_use", "bad_weights", "unsupported_arch", "driver", "gpu_unavailable", "gpu_fault", "other")
+# Why a gpu_unavailable crash could not use the GPUs (gpu_reason); each has its own advice.
+GPU_REASONS = (
+    "driver_mismatch",
+    "no_driver",
+    "fabric_manager",
+    "gpu_lost",
+    "busy",
+    "missing_gpu",
+    "no_device",
+    "no_cuda",
+)
 # Where a start can stand, in order; a hang names the one it stopped in.
 PROGRESS_PHASES = ("launch", "nccl_init", "weight_load", "kv_cache", "cuda_graph", "warmup", "ready")
 
@@ -203,8 +221,11 @@ _FAILURE_MARKER = re.compile(
 _MARKER = "failure_marker"  # internal cause of a pending verdict: a child failed, reason not read yet
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)')
-# "RuntimeError: ...", "torch.OutOfMemoryError: ...", "tvm.error.InternalError: ...", "Exception: ..."
-_EXCEPTION_LINE = re.compile(r"^(?P<name>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception))(?::\s*(?P<msg>.*))?$")
+# "RuntimeError: ...", "torch.OutOfMemoryError: ...", "tvm.error.InternalError: ...", "Exception: ...", and
+# pynvml's generated classes: "pynvml.NVMLError_DriverNotLoaded: Driver Not Loaded"
+_EXCEPTION_LINE = re.compile(
+    r"^(?P<name>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception)(?:_[A-Za-z]\w*)?)(?::\s*(?P<msg>.*))?$"
+)
 
 _OOM_TEXT = re.compile(
     r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory"
@@ -215,6 +236,107 @@ _GRAPH_TEXT = re.compile(r"Capture (?:piecewise )?cuda graph failed", re.I)
 # model_executor/model_runner_kv_cache_mixin.py: the warning printed just before SGLang's KV-pool failure
 # ("Not enough memory ...", raised when the token capacity is <= 0) when --max-total-tokens is set
 _NO_KV_TOKENS = re.compile(r"max_total_tokens=\d+ is larger than the profiled value (?:-\d+|0)\b")
+
+
+class _AnyOf:
+    """Several patterns read as one: ``search`` gives the first match of any."""
+
+    def __init__(self, patterns) -> None:
+        self.patterns = tuple(patterns)
+
+    def search(self, text: str):
+        for pattern in self.patterns:
+            match = pattern.search(text)
+            if match:
+                return match
+        return None
+
+
+# Why CUDA or NVML could not use the host's GPUs (cause gpu_unavailable), as PyTorch (c10/cuda/CUDAFunctions.cpp,
+# torch/cuda/__init__.py), the CUDA runtime (cudaError_t names and strings), NVML (nvidia-smi, pynvml) and SGLang
+# (utils/common.py get_device) word it; the first that matches names the reason, each reason has its own advice.
+_GPU_UNAVAILABLE = (
+    # kernel module and user-space driver of different versions: a driver update without a reboot (CUDA error 803)
+    (
+        "driver_mismatch",
+        re.compile(
+            r"Driver/library version mismatch|NVML/RM version mismatch|LIB_RM_VERSION_MISMATCH"
+            r"|NVMLError_LibRmVersionMismatch|unsupported display driver / cuda driver combination"
+            r"|SystemDriverMismatch|SYSTEM_DRIVER_MISMATCH",
+            re.I,
+        ),
+    ),
+    # no kernel driver to talk to (cudaErrorInsufficientDriver with no driver version at all, in PyTorch's words)
+    (
+        "no_driver",
+        re.compile(
+            r"Found no NVIDIA driver|couldn't communicate with the NVIDIA driver|NVML_ERROR_DRIVER_NOT_LOADED"
+            r"|NVMLError_DriverNotLoaded|: Driver Not Loaded\b"
+        ),
+    ),
+    # CUDA error 802: on NVSwitch (HGX) hosts, nvidia-fabricmanager is not running
+    (
+        "fabric_manager",
+        re.compile(r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY", re.I),
+    ),
+    # a GPU that stopped answering: Xid 79 in the kernel log, "GPU is lost" in NVML
+    ("gpu_lost", re.compile(r"GPU is lost|GPU_IS_LOST|NVMLError_GpuIsLost|fallen off the bus", re.I)),
+    # cudaErrorDevicesUnavailable (46): exclusive compute mode held by another process, or a node not allowed
+    (
+        "busy",
+        re.compile(
+            r"CUDA-capable device\(s\) is/are busy or unavailable|CUDA-capable devices are busy or unavailable"
+            r"|cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE",
+            re.I,
+        ),
+    ),
+    # cudaErrorInvalidDevice (101): a rank's GPU index past the GPUs CUDA can open
+    ("missing_gpu", re.compile(r"invalid device ordinal|cudaErrorInvalidDevice\b|CUDA_ERROR_INVALID_DEVICE\b", re.I)),
+    # cuInit cannot open the GPUs: /dev/nvidia-uvm or /dev/nvidiactl missing or closed to the process
+    # (CUDA_ERROR_UNKNOWN, cudaErrorNoDevice, cudaErrorInitializationError), NVML the same ("Unknown Error")
+    (
+        "no_device",
+        re.compile(
+            r"CUDA unknown error - this may be due to an incorrectly set up environment|No CUDA GPUs are available"
+            r"|no CUDA-capable device is detected|cudaErrorNoDevice|CUDA_ERROR_NO_DEVICE"
+            r"|CUDA driver initialization failed|Failed to initialize NVML: Unknown Error"
+            r"|NVMLError_NoPermission|NVML_ERROR_NO_PERMISSION|refuses to start: the NVIDIA device nodes? ",
+            re.I,
+        ),
+    ),
+    # SGLang's get_device(): torch.cuda.is_available() was False; PyTorch's warning before it says why
+    ("no_cuda", re.compile(r"No accelerator \([^)]*\)(?: or platform plugin)? is available")),
+)
+# moefleet's own check before a start (the unit's ExecStartPre, files/sglang-device-check) refusing it because a
+# node DeviceAllow= names is missing (reason no_device): decisive like an exception line, though it is none
+_DEVICE_REFUSAL = re.compile(r"refuses to start: the NVIDIA device nodes? .* missing")
+# reasons that name no cause of their own, the vaguest last: a more specific reason read earlier in the log
+# (PyTorch's CUDA warning, nvidia-smi's error) explains them
+_GPU_GENERIC = ("no_device", "no_cuda")
+_MAX_HINT_LINES = 20
+# a GPU that failed while running work: a kernel that faulted, an ECC error, a GPU gone mid-run
+_GPU_FAULT = re.compile(
+    r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED"
+    r"|uncorrectable ECC error encountered|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE"
+    r"|CUDA error: unknown error",
+    re.I,
+)
+
+
+def gpu_reason(*lines: str | None) -> str | None:
+    """Why the GPUs could not be used (one of GPU_REASONS), from the deciding line and then the earlier lines that
+    hinted at it: the first specific reason, else the least vague generic one, else None."""
+    best = None
+    for line in lines:
+        reason = next((r for r, pattern in _GPU_UNAVAILABLE if line and pattern.search(line)), None)
+        if reason is None:
+            continue
+        if reason not in _GPU_GENERIC:
+            return reason
+        if best is None or _GPU_GENERIC.index(reason) < _GPU_GENERIC.index(best):
+            best = reason
+    return best
+
 
 _CAUSE_PATTERNS = (
     (
@@ -245,15 +367,16 @@ _CAUSE_PATTERNS = (
         ),
     ),
     (
+        # the driver does not fit this CUDA build or GPU (a driver that is not loaded at all: gpu_unavailable)
         "driver",
         re.compile(
-            r"driver version is insufficient|NVIDIA driver on your system is too old|Found no NVIDIA driver"
-            r"|No CUDA GPUs are available|cudaErrorInsufficientDriver|unsupported display driver"
-            r"|forward compatibility was attempted|CUDA driver initialization failed"
-            r"|NVIDIA-SMI has failed|couldn't communicate with the NVIDIA driver",
+            r"driver version is insufficient|NVIDIA driver on your system is too old"
+            r"|cudaErrorInsufficientDriver|forward compatibility was attempted",
             re.I,
         ),
     ),
+    ("gpu_unavailable", _AnyOf(pattern for _, pattern in _GPU_UNAVAILABLE)),
+    ("gpu_fault", _GPU_FAULT),
 )
 # frames that say the checkpoint itself was being read: a KeyError or shape mismatch there means
 # the checkpoint does not match (wrong, partial or mis-converted shards)
@@ -413,6 +536,15 @@ _ADVICE = {
         "The NVIDIA driver does not fit this CUDA build or GPU: Blackwell needs driver branch 570 or newer "
         "with the open kernel modules; check nvidia-smi and /proc/driver/nvidia/version."
     ),
+    ("crashed", "gpu_unavailable"): (
+        "CUDA could not use this host's GPUs, which no other layout fixes: check nvidia-smi, ls -l /dev/nvidia*, "
+        "lsmod | grep nvidia and journalctl -k | grep -i xid, fix the host, then restart sglang.service."
+    ),
+    ("crashed", "gpu_fault"): (
+        "A GPU failed while running a kernel: look for Xid errors (journalctl -k | grep -i xid) and at nvidia-smi; "
+        "Xid 79 (fallen off the bus) or an ECC Xid (48, 63, 64, 94, 95) is the hardware: reboot, and if it comes "
+        "back check the GPU (nvidia-smi -q -d ECC, power, seating); with no Xid a kernel of this build faulted."
+    ),
     ("crashed", "other"): (
         "The server failed for a reason this classifier does not know: read the deciding line and the "
         "traceback above it in the log excerpt."
@@ -444,12 +576,60 @@ _ADVICE = {
 }
 
 
-def advice_for(state: str, phase: str | None = None, cause: str | None = None) -> str:
-    """One sentence that says what to change, following the OOM phase, crash cause or hang phase."""
+# gpu_unavailable, by reason (gpu_reason): what is wrong with the host and how to see and fix it
+_GPU_ADVICE = {
+    "no_device": (
+        "CUDA could not open the GPUs: the device nodes are missing or closed to the unit, whose DeviceAllow= "
+        "is resolved when it starts (a node made later stays closed). Check ls -l /dev/nvidia* (nvidiactl, "
+        "nvidia-uvm, one nvidiaN per GPU) and systemctl status nvidia-uvm-devices.service "
+        "nvidia-persistenced.service; once the nodes exist, restart sglang.service."
+    ),
+    "no_cuda": (
+        "PyTorch found no usable GPU (torch.cuda.is_available() is False); the CUDA warning above says why. "
+        "Check nvidia-smi, ls -l /dev/nvidia* and that the venv's PyTorch is a CUDA build "
+        "(python -c 'import torch; print(torch.version.cuda)'); then restart sglang.service."
+    ),
+    "no_driver": (
+        "The NVIDIA kernel driver is not loaded (or its nodes are missing): lsmod | grep nvidia, then "
+        "modprobe nvidia and read its error; after a kernel update the module may not be built for the running "
+        "kernel (dkms status, headers for uname -r), and Secure Boot refuses an unsigned one (mokutil --sb-state)."
+    ),
+    "driver_mismatch": (
+        "The loaded kernel module and the driver's libraries are different versions, usually a driver update "
+        "without a reboot: compare cat /proc/driver/nvidia/version with dpkg -l | grep nvidia, reboot the host, "
+        "and keep the driver branch pinned so it does not move under a running host."
+    ),
+    "fabric_manager": (
+        "CUDA reports the system not yet initialized (error 802): on an NVSwitch host nvidia-fabricmanager is "
+        "not running or not the driver's version (systemctl status nvidia-fabricmanager); start it, then "
+        "restart sglang.service."
+    ),
+    "gpu_lost": (
+        "A GPU fell off the bus or is lost (Xid 79): journalctl -k | grep -i xid and nvidia-smi name it; only "
+        "a reboot brings it back, and if it is lost again check its power, seating and temperature."
+    ),
+    "busy": (
+        "CUDA sees the GPUs but may not use them: a GPU in Exclusive_Process compute mode held by another "
+        "process (nvidia-smi; nvidia-smi -c DEFAULT), a node closed to the unit (ls -l /dev/nvidia* against "
+        "systemctl cat sglang.service) or a GPU in a bad state (journalctl -k | grep -i xid)."
+    ),
+    "missing_gpu": (
+        "Fewer GPUs can be opened than the layout uses: compare nvidia-smi -L and ls /dev/nvidia[0-9]* with the "
+        "profile's GPU count; a GPU missing from both fell off the bus (journalctl -k | grep -i xid: reboot), "
+        "one present but closed to the unit needs the deploy run again, which allows the nodes it finds."
+    ),
+}
+
+
+def advice_for(state: str, phase: str | None = None, cause: str | None = None, reason: str | None = None) -> str:
+    """One sentence that says what to change, following the OOM phase, crash cause or hang phase; for a
+    gpu_unavailable crash, following its reason (gpu_reason) where known."""
     if state == "ready":
         return "The server is ready."
     if state == "starting":
         return f"The server is still starting (phase {phase or 'launch'}); wait for it or look again later."
+    if state == "crashed" and cause == "gpu_unavailable" and reason in _GPU_ADVICE:
+        return _GPU_ADVICE[reason]
     key = (state, cause if state == "crashed" else phase)
     return _ADVICE.get(key, _ADVICE[("crashed", "other")])
 
@@ -538,6 +718,7 @@ class LogFollower:
         self._pending: Verdict | None = None
         self._marker_seen = False
         self._hint_cause: str | None = None
+        self._hint_lines: list[str] = []  # the first lines that hinted at a cause (a CUDA warning, nvidia-smi's error)
         self._tb = _Traceback()
         self._last_line: str | None = None
         self._last_line_number: int | None = None
@@ -627,10 +808,13 @@ class LogFollower:
                 self.pending_since = now
 
         exc = _EXCEPTION_LINE.match(text) if not line.rank else None
-        if exc is None and not _CAUSE_PATTERNS[0][1].search(text):
-            for cause, pattern in _CAUSE_PATTERNS[3:]:  # arch/driver warnings explain a later bare crash
+        if exc is None and not (_CAUSE_PATTERNS[0][1].search(text) or _DEVICE_REFUSAL.search(text)):
+            for cause, pattern in _CAUSE_PATTERNS[3:]:  # arch/driver/GPU warnings explain a later bare crash
                 if pattern.search(text):
                     self._hint_cause = self._hint_cause or cause
+                    if len(self._hint_lines) < _MAX_HINT_LINES:
+                        self._hint_lines.append(text)
+                    break
             return
         verdict, strong = self._judge(text, exc, line)
         self._tb.closed = exc is not None
@@ -671,8 +855,14 @@ class LogFollower:
             line=text,
             line_number=self.lines_seen,
             rank=rank,
-            advice=advice_for("crashed", cause=cause),
+            advice=self._crash_advice(cause, text if strong else None),
         ), strong
+
+    def _crash_advice(self, cause: str, line: str | None = None) -> str:
+        """The advice for a crash of this cause; a gpu_unavailable one follows its reason, read from the deciding
+        line and the lines that hinted before it."""
+        reason = gpu_reason(line, *self._hint_lines) if cause == "gpu_unavailable" else None
+        return advice_for("crashed", cause=cause, reason=reason)
 
     def _oom_verdict(self, text: str, phase: str, rank: str | None) -> Verdict:
         figures = parse_oom_message(text) or {}
@@ -729,7 +919,7 @@ class LogFollower:
                 line=verdict.line,
                 line_number=verdict.line_number,
                 rank=verdict.rank,
-                advice=advice_for("crashed", cause=self._hint_cause or "other"),
+                advice=self._crash_advice(self._hint_cause or "other"),
             )
         self._failure = Verdict(**{**verdict.__dict__, "final": True})
         self._pending = None
@@ -750,7 +940,7 @@ class LogFollower:
                     line=pending.line,
                     line_number=pending.line_number,
                     rank=pending.rank,
-                    advice=advice_for("crashed", cause=cause),
+                    advice=self._crash_advice(cause),
                     final=False,
                 )
             return Verdict(**{**pending.__dict__, "final": False})

@@ -153,8 +153,9 @@ oom:
            "capacity_gib": 94.97, "rank": "TP2"}
 cause:
   description: >-
-    For a crash, C(nccl), C(port_in_use), C(bad_weights), C(unsupported_arch), C(driver) or C(other);
-    else null.
+    For a crash, C(nccl), C(port_in_use), C(bad_weights), C(unsupported_arch), C(driver), C(gpu_unavailable)
+    (CUDA or NVML cannot use the host's GPUs: device nodes, driver not loaded or mismatched, a lost GPU; the
+    advice names which), C(gpu_fault) (a GPU failed running a kernel) or C(other); else null.
   returned: always
   type: str
   sample: nccl

@@ -289,6 +289,8 @@ def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] 
                   f"          nvidia_driver_repo_distro: {release}"]
         if router:  # behind a router the workers serve on their private (lab network) address
             lines += [f"          sglang_service_host: {ip}"]
+    if router:  # keys on the workers and at the gateway, as the example inventory has them (from vault there)
+        lines += ["      vars:", "        sglang_service_api_key: \"{{ lab_worker_api_key }}\""]
     everyone = dict(hosts)
     if router:
         lines += ["    routers:", "      hosts:", f"        {router[0]}:", f"          ansible_host: {router[1]}"]

@@ -66,6 +66,20 @@ TOOLKITS = {"12.8": "12.8.1", "12.9": "12.9.1", "13.0": "13.0.2"}
 # nvcc's own version in each of those releases (what version.json's cuda_nvcc says).
 NVCC_VERSIONS = {"12.8": "12.8.93", "12.9": "12.9.86", "13.0": "13.0.88"}
 CUDA_KEYRING_VERSION = "1.1-1"
+# The kernel a lab host of each repository layout stands in for (a container runs the build machine's kernel, whose
+# name is no distribution's; inventory/sim sets nvidia_driver_kernel_release to these), with its packages' version.
+# The distribution's archive has its headers, linux-headers-<kernel>, and the flavour's metapackage, which depends on
+# them; the lab serves both from the layout's flat repository, which the role adds before it installs the headers.
+KERNELS = {
+    "debian12": ("6.1.0-31-cloud-amd64", "6.1.128-1"),
+    "debian13": ("6.12.117+deb13-amd64", "6.12.117-1"),
+    "ubuntu2204": ("5.15.0-1063-azure", "5.15.0-1063.72"),
+    "ubuntu2404": ("6.8.0-60-generic", "6.8.0-60.63"),
+}
+# Lab hosts keep their release's own archive (deb.debian.org) in their sources, and its linux-headers-amd64 or
+# -cloud-amd64 is newer than the lab's: apt takes the highest version among equal priorities, so without an epoch it
+# would install Debian's real headers (and a compiler) instead. Debian's kernel packages carry no epoch.
+KERNEL_EPOCH = "1"
 
 
 def say(message: str) -> None:
@@ -241,7 +255,8 @@ class Package:
 
     @property
     def filename(self) -> str:
-        return f"{self.name}_{self.version}_{self.arch}.deb"
+        # As in Debian's archive, the epoch is not part of the file's name.
+        return f"{self.name}_{self.version.split(':', 1)[-1]}_{self.arch}.deb"
 
     def control(self) -> str:
         installed_kib = sum((len(data) + 1023) // 1024 for data, _ in self.files.values()) or 1
@@ -556,6 +571,38 @@ def packages(inputs: Inputs, arch: str, flavour: str) -> list[Package]:
     return pkgs
 
 
+def kernel_headers_packages(distro: str, arch: str) -> list[Package]:
+    """The headers of the kernel the layout's lab hosts stand in for, and its flavour's metapackage depending on
+    them, as Debian's archive has them (linux-headers-cloud-amd64 6.1.176-1 Depends linux-headers-6.1.0-50-cloud-amd64
+    (= 6.1.176-1)); Ubuntu's are given the same shape. The headers are a directory with a Makefile saying what it is
+    and the modules directory's build link to it, where DKMS looks: no compiler, nothing to build against."""
+    if arch != "amd64":
+        return []
+    kernel, version = KERNELS[distro]
+    version = f"{KERNEL_EPOCH}:{version}"
+    flavour = re.sub(r"^[0-9.]+(?:-[0-9]+|[+]deb[0-9]+)-", "", kernel)
+    # Debian 12 and Ubuntu 22.04 ship /lib/modules; Debian 13 and Ubuntu 24.04 /usr/lib/modules.
+    modules = "lib/modules" if distro in ("debian12", "ubuntu2204") else "usr/lib/modules"
+    headers, meta = f"linux-headers-{kernel}", f"linux-headers-{flavour}"
+    home = "https://www.kernel.org/"
+    makefile = (f"# linux-headers-{kernel} (simulated lab stand-in, sim/mirrors/build.py): no kernel sources here.\n"
+                "all:\n\t@echo 'simulated kernel headers: nothing to build' >&2; exit 1\n").encode()
+    return [
+        Package(name=headers, version=version, arch=arch, summary=f"Header files for Linux {kernel}",
+                details=f"The kernel {kernel}'s headers directory /usr/src/{headers} (a Makefile only) and\n"
+                        f"/{modules}/{kernel}/build linking to it, where DKMS looks for them.",
+                files={f"usr/src/{headers}/Makefile": (makefile, 0o644),
+                       **doc(headers, f"{headers} {version} (simulated).")},
+                symlinks={f"{modules}/{kernel}/build": f"/usr/src/{headers}"},
+                section="kernel", homepage=home),
+        Package(name=meta, version=version, arch=arch,
+                summary=f"Header files for Linux {flavour} configuration (meta-package)",
+                details=f"Depends on the headers of the {flavour} flavour's newest kernel, {kernel}.",
+                files=doc(meta, f"{meta} {version}: the {flavour} flavour's headers metapackage (simulated)."),
+                depends=[f"{headers} (= {version})"], section="kernel", homepage=home),
+    ]
+
+
 def keyring_package(distro: str, arch: str, key: LabKey) -> Package:
     """cuda-keyring as NVIDIA ships it: the repository's key in /usr/share/keyrings and an apt source for
     the repository, signed-by that keyring (so a second source with another Signed-By breaks apt)."""
@@ -644,11 +691,11 @@ def build_apt(inputs: Inputs, keys: dict[str, LabKey], out: Path, arches: list[s
                 key = keys[distro]
                 repo = stage / distro / ARCH_DIRS[arch]
                 repo.mkdir(parents=True)
-                keyring = keyring_package(distro, arch, key)
                 own = work / f"pool-{distro}-{arch}"
                 own.mkdir()
                 entries = [*built[family(distro), arch],
-                           (build_deb(keyring, work / "trees", own), packages_stanza_of(keyring, work, own))]
+                           *((build_deb(pkg, work / "trees", own), packages_stanza_of(pkg, work, own))
+                             for pkg in [keyring_package(distro, arch, key), *kernel_headers_packages(distro, arch)])]
                 for deb, _ in entries:
                     link_or_copy(deb, repo / deb.name)
                 entries.sort(key=lambda e: e[0].name)

@@ -361,7 +361,8 @@ def _rollout_under_load(inventory: Path, urls: list[str], *extra: str) -> tuple[
     latencies: list[float] = []
     totals: dict = {"sent": 0, "failed": 0, "failures": {}}
     while proc.poll() is None or totals["sent"] == 0:
-        load = Load(urls, 20, 5.0, 200).start()
+        # lab.py up --router gives the workers a key, as the example inventory does (the gateway forwards it)
+        load = Load(urls, 20, 5.0, 200, api_key="lab-worker-api-key-not-a-secret").start()
         summary = load.result()
         latencies += [lat for good, lat, _ in load.results if good]
         totals["sent"] += summary["sent"]

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -43,6 +44,9 @@ EXTRA = json.dumps({"sglang_service_extra_env": {"SGLANG_SIM_FAULTS": "{{ _lab_s
                                                  "SGLANG_SIM_SERVE_TIME_SCALE": "10"}})
 WORKERS = [f"{LAB}-{i}" for i in (1, 2, 3)]
 ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/routers.yml
+# The workers require a key and the gateway has it (lab.py up --router, as the example inventory from vault):
+# clients send it to the gateway, which forwards it.
+WORKER_KEY = "lab-worker-api-key-not-a-secret"  # inventory/sim/group_vars/all.yml (lab_worker_api_key)
 CHUNK = 20  # requests per bounded load chunk; chunks follow each other until the rollout ends
 RATE = 5.0  # requests started per second
 MAX_TOKENS = 200
@@ -110,6 +114,28 @@ def _router_workers(router_url: str) -> list[dict]:
         return json.load(resp)["workers"]
 
 
+def _router_workers_when_up(router_url: str) -> list[dict]:
+    """The router's workers, or none while it (re)starts."""
+    try:
+        return _router_workers(router_url)
+    except OSError:
+        return []
+
+
+def _routed_to(router_url: str, key: str) -> str:
+    """The worker that answered one chat completion through the router (smg's x-smg-routed-worker-id), or the
+    HTTP error the router answered with."""
+    body = json.dumps({"model": "kimi-k2.6", "max_tokens": 1,
+                       "messages": [{"role": "user", "content": f"which worker? {time.monotonic_ns()}"}]}).encode()
+    headers = {"content-type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    req = urllib.request.Request(f"{router_url}/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.headers.get("x-smg-routed-worker-id", "")
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+
+
 def _status(inventory: Path, tmp: Path) -> dict[str, dict]:
     path = tmp / "status.json"
     result = run_playbook(inventory, "playbooks/status.yml", f"moefleet_status_path={path}")
@@ -130,7 +156,7 @@ def _rollout_under_load(inventory: Path, router_url: str, *extra: str) -> tuple[
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), text=True, stdout=log, stderr=subprocess.STDOUT)
         chunks, latencies = [], []
         while proc.poll() is None or not chunks:
-            load = Load(router_url, CHUNK, RATE, MAX_TOKENS).start()
+            load = Load(router_url, CHUNK, RATE, MAX_TOKENS, api_key=WORKER_KEY).start()
             chunk = load.result()
             chunks.append(chunk)
             latencies += [lat for good, lat, _ in load.results if good]
@@ -189,8 +215,15 @@ def test_rollout_through_the_router_fails_no_request(routed_lab, tmp_path):
     hosts = _status(inventory, tmp_path)
     assert {h: (hosts[h]["serving_profile"], hosts[h]["health"], hosts[h]["router"]) for h in WORKERS} == {
         h: ("ep8", "serving", "ready") for h in WORKERS}
-    # Every worker served requests after the rollout put it back.
-    assert all(w["status"] == "ready" for w in _router_workers(router_url))
+    # Each router lists every worker ready with the model (smg registers a worker re-added without its key under
+    # model "unknown", ready and healthy, and answers 404 for the model), and requests with the key keep being
+    # answered after the rollout, by every worker; without the key the gateway refuses them.
+    listed = _router_workers(router_url)
+    assert sorted((w["status"], w["model_id"]) for w in listed) == [("ready", "kimi-k2.6")] * 3, listed
+    after = Load(router_url, 12, 12.0, 8, api_key=WORKER_KEY).start().result()
+    assert after["failed"] == 0 and after["sent"] == 12, after
+    assert {_routed_to(router_url, WORKER_KEY) for _ in range(30)} == set(_worker_urls(inventory).values())
+    assert _routed_to(router_url, "") == "HTTP 401"
 
 
 def test_a_host_whose_start_fails_never_receives_a_request(routed_lab, tmp_path):
@@ -207,6 +240,14 @@ def test_a_host_whose_start_fails_never_receives_a_request(routed_lab, tmp_path)
     assert hosts[canary]["outcome"] in ("degraded", "restored", "failed")
     assert {h: (hosts[h]["serving_profile"], hosts[h]["router"]) for h in WORKERS[1:]} == {
         h: ("ep8", "ready") for h in WORKERS[1:]}
+    # A restarted gateway goes back to the workers it was started with, except those a rollout left out.
+    _ssh(inventory, f"{LAB}-router", "systemctl restart smg.service")
+    deadline = time.monotonic() + 60
+    while sum(w["status"] == "ready" for w in _router_workers_when_up(router_url)) < 2:
+        assert time.monotonic() < deadline, _router_workers_when_up(router_url)
+        time.sleep(1)
+    time.sleep(5)  # a worker it would register takes its first health check to show up
+    assert _worker_urls(inventory)[canary] not in {w["url"] for w in _router_workers(router_url)}
     # Since this rollout began, only the start that served before it (drained first) answered requests: the
     # failed tp2ep4 start and the fallback that serves now answered none.
     journal = _ssh(inventory, canary, "journalctl -u sglang.service -o json")
@@ -239,7 +280,8 @@ def test_the_confirmation_refuses_on_the_hosts_that_would_restart(routed_lab, tm
 def _stop_under_load(inventory: Path, host: str, url: str) -> tuple[dict, float]:
     """A plain systemctl stop of the serving host while streamed requests run on it (sent to it directly):
     the load's summary and the seconds the stop took."""
-    load = Load(url, 6, 6.0, 1200).start()  # all 6 start within a second; each streams for about 3.5 s
+    # all 6 start within a second; each streams for about 3.5 s
+    load = Load(url, 6, 6.0, 1200, api_key=WORKER_KEY).start()
     time.sleep(1.2)
     began = time.monotonic()
     _ssh(inventory, host, "systemctl stop sglang.service")
@@ -290,3 +332,21 @@ def test_a_plain_stop_finishes_the_requests_in_flight(routed_lab):
     finally:
         _ssh(inventory, host, f"rm -f {slow} && systemctl daemon-reload && systemctl start sglang.service")
     _wait_serving(url)
+
+
+def test_uninstall_takes_the_host_out_of_the_router_first(routed_lab):
+    """playbooks/uninstall.yml on a host behind the router: out of the router (and remembered there as left
+    out) before its server goes; the others keep serving through it."""
+    inventory, router_url = routed_lab
+    host, url = WORKERS[1], _worker_urls(inventory)[WORKERS[1]]
+    assert url in {w["url"] for w in _router_workers(router_url)}
+    result = run_playbook(inventory, "playbooks/uninstall.yml", "confirm=yes", options=("-l", host))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert url not in {w["url"] for w in _router_workers(router_url)}
+    assert url in _ssh(inventory, f"{LAB}-router", "cat /var/lib/smg/workers-left-out").split()
+    # the one left (the canary of the failed rollout stays out; the last host's health checks may still recover
+    # from the stop test) answers
+    deadline = time.monotonic() + 60
+    while (routed := _routed_to(router_url, WORKER_KEY)) != _worker_urls(inventory)[WORKERS[2]]:
+        assert time.monotonic() < deadline, routed
+        time.sleep(2)

@@ -142,3 +142,17 @@ def test_a_host_without_sglang_profile_takes_minus_e_profile_or_gets_a_sentence(
     assert run.returncode == 0, run.stdout[-2000:]
     out = " ".join(validate(inv).stdout.split())
     assert "unreachable-2 has no profile: pass -e profile=NAME or set sglang_profile for it in inventory." in out
+
+
+def test_extra_flags_sglang_would_refuse_are_refused_before_any_host(inventory):
+    """The operators' spellings that used to pass validate.yml and fail at SGLang's start, hours later (after the
+    driver, CUDA, pip and the model download): all refused in one run, each with its sentence."""
+    bad = {"sglang_service_extra_flags": {"mem_fraction_static": 1.7, "kv_cache_dtype": "fp8",
+                                          "pp_size": 4, "tp_size": "eight"}}
+    out = refused(deploy(inventory, json.dumps(bad), "sglang_service_port=99999"))
+    for sentence in ("sglang_service_extra_flags/mem_fraction_static: 1.7 is not a fraction",
+                     "sglang_service_extra_flags/kv_cache_dtype: 'fp8' is not one SGLang 0.5.10 takes",
+                     "sglang_service_extra_flags/pp_size: pp_size changes the GPU layout",
+                     "sglang_service_extra_flags/tp_size: tp_size changes the GPU layout",
+                     "sglang_service_port is '99999' for unreachable-1; set it to a whole number from 1 to 65535."):
+        assert sentence in out, sentence

@@ -7,6 +7,7 @@ of requests, the output the list of answers, in order:
   ``ConfigArgumentMerger`` for ``--config``, as ``prepare_server_args`` does) on the argv.
   Answer: ``{"accepted": bool, "error": text or null, "values": {field: value}, "types": {field: type}}``
   for every ServerArgs field, as ``ServerArgs.from_cli_args`` hands them over (before ``__post_init__``).
+- ``{"op": "arguments"}``: every argument of SGLang's parser as data (``server_args.arguments``).
 - ``{"op": "server_args", "argv": [...], "model_config": {...}}``: ``prepare_server_args(argv)``
   with ``--model-path`` (replaced or added) a directory holding that config.json, so every default
   ``ServerArgs.__post_init__`` computes (GPU memory settings, the VLM adjustment through SGLang's own
@@ -114,12 +115,36 @@ def server_args(argv: list[str], model_config: dict) -> dict:
         return {"ok": True, "server_args": _jsonable(fields)}
 
 
+def arguments() -> dict:
+    """SGLang's parser as data, the shape of plugins/module_utils/sglang_server_args.py's ARGUMENTS: for each
+    argument, by its ServerArgs field name (the first long option without dashes, as moefleet writes flags):
+    ``{"options": [...], "kind": "switch" | "value" | "list", "type": "int" | "float" | "str" | "json" | "bool",
+    "choices": [...] or null}``."""
+    out = {}
+    for action in _parser()._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest == "help":
+            continue
+        name = longs[0][2:].replace("-", "_")
+        if action.nargs == 0:
+            kind, kind_type = "switch", "bool"
+        else:
+            kind = "list" if action.nargs in ("+", "*") or isinstance(action.nargs, int) else "value"
+            kind_type = {int: "int", float: "float", str: "str", None: "str", json.loads: "json"}.get(
+                action.type, getattr(action.type, "__name__", repr(action.type)))
+        choices = sorted(str(c) for c in action.choices) if action.choices is not None else None
+        out[name] = {"options": sorted(action.option_strings), "kind": kind, "type": kind_type, "choices": choices}
+    return out
+
+
 def answer(request: dict) -> dict:
+    if request.get("op") == "arguments":
+        return arguments()
     if request.get("op") == "parse":
         return parse(list(request["argv"]))
     if request.get("op") == "server_args":
         return server_args(list(request["argv"]), request["model_config"])
-    return {"ok": False, "error": f"unknown op {request.get('op')!r}; use parse or server_args"}
+    return {"ok": False, "error": f"unknown op {request.get('op')!r}; use parse, arguments or server_args"}
 
 
 def main() -> None:

@@ -86,6 +86,42 @@ def test_parser_rejects_what_sglang_rejects():
     assert "unrecognized arguments: --expert-groups 4" in answers[2]["error"]
 
 
+def test_the_controllers_flag_data_is_the_wheels_parser():
+    """plugins/module_utils/sglang_server_args.py (what the controller judges sglang_service_extra_flags by) is what
+    the pinned SGLang's parser says today; regenerate it with tests/oracle/server_args_data.py."""
+    import server_args_data  # noqa: PLC0415  (tests/oracle)
+
+    assert server_args_data.TARGET.read_text() == server_args_data.current(), (
+        "sglang_server_args.py is out of date: run .venv/bin/python tests/oracle/server_args_data.py")
+
+
+# Flags of both kinds, as an operator writes them in sglang_service_extra_flags: the controller's verdict must be
+# real SGLang's parser's (layout and role-owned flags, which SGLang takes but a profile or a role variable owns,
+# and ranges argparse does not check, are judged in tests/unit/test_extra_flags.py).
+PARSER_CASES = [
+    {"kv_cache_dtype": "fp8"}, {"kv_cache_dtype": "fp8_e4m3"}, {"mem_fraction_statc": 0.8},
+    {"max_running_requests": "many"}, {"max_running_requests": 64}, {"context_length": "128k"},
+    {"context_length": "1.5Ki"}, {"tool_call_parser": "kimi-k2"}, {"tool_call_parser": "kimi_k2"},
+    {"reasoning_parser": "kimi_k2"}, {"cuda_graph_bs": [1, 2, "x"]}, {"cuda_graph_bs": [1, 2, 4]},
+    {"enable_metrics": True}, {"attention_backend": "nope"}, {"json_model_override_args": {"a": 1}},
+]
+
+
+def test_the_controller_refuses_exactly_what_sglangs_parser_refuses():
+    from ansible_collections.moefleet.serving.plugins.module_utils import profiles  # noqa: PLC0415
+    from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (  # noqa: PLC0415
+        extra_flag_problems,
+    )
+
+    argvs = [["--model-path", "/m", *profiles.sglang_args({"flags": flags})] for flags in PARSER_CASES]
+    answers = oracle.ask([{"op": "parse", "argv": argv} for argv in argvs])
+    disagree = [(argv, real["error"], ours) for argv, real, ours in zip(
+        argvs, answers, (extra_flag_problems("sglang_service_extra_flags", f) for f in PARSER_CASES), strict=True)
+        if real["accepted"] != (ours == [])]
+    assert not disagree, disagree
+    assert sum(not a["accepted"] for a in answers) >= 6, "the cases include flags SGLang refuses"
+
+
 # --- 2. the planner's default mem_fraction_static is SGLang's ------------------------------------------------
 
 CONFIGS = {

@@ -133,6 +133,21 @@ def test_openai_client_chat_completion(lab):
     assert json.loads(body)["model_type"] == "kimi_k25"
 
 
+def test_loads_as_sglang_reports_them_and_get_load_is_deprecated(lab):
+    """/v1/loads (entrypoints/v1_loads.py): per-rank entries and their aggregate, behind the API key;
+    /get_load logs SGLang 0.5.10's deprecation warning at each call (http_server.get_load)."""
+    srv = lab.start(*TP8, "--api-key", "sk-lab")
+    srv.wait_ready()
+    assert srv.get("/v1/loads?include=core")[0] == 401
+    code, body = srv.get("/v1/loads?include=core", {"Authorization": "Bearer sk-lab"})
+    document = json.loads(body)
+    assert code == 200 and document["dp_rank_count"] == 1 and document["aggregate"]["total_reqs"] == 0
+    assert set(document["loads"][0]) >= {"dp_rank", "num_running_reqs", "num_waiting_reqs", "num_total_reqs"}
+    assert "Endpoint '/get_load' is deprecated" not in srv.log
+    assert srv.get("/get_load", {"Authorization": "Bearer sk-lab"})[0] == 200
+    assert "Endpoint '/get_load' is deprecated and will be removed in a future version." in srv.log
+
+
 # ------------------------------------------------------------------------------------------------ faults
 
 def test_fault_oom_weight_load(lab):

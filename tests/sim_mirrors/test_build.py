@@ -33,6 +33,14 @@ DEBIAN_DRIVER = {"nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-open-dkms",
                  "nvidia-modprobe"}
 UBUNTU_DRIVER = {"nvidia-open", "nvidia-modprobe"}
 BRANCHES = {"570": "570.195.03", "580": "580.95.05", "590": "590.48.01"}
+# The kernel each layout's lab hosts stand in for, its flavour's headers metapackage and their version (epoch 1: the
+# lab's wins over the release's own archive, which lab hosts also have as a source).
+KERNELS = {
+    "debian12": ("6.1.0-31-cloud-amd64", "linux-headers-cloud-amd64", "1:6.1.128-1"),
+    "debian13": ("6.12.117+deb13-amd64", "linux-headers-amd64", "1:6.12.117-1"),
+    "ubuntu2204": ("5.15.0-1063-azure", "linux-headers-azure", "1:5.15.0-1063.72"),
+    "ubuntu2404": ("6.8.0-60-generic", "linux-headers-generic", "1:6.8.0-60.63"),
+}
 
 
 def expected(distro: str) -> set[tuple[str, str]]:
@@ -53,6 +61,8 @@ def expected(distro: str) -> set[tuple[str, str]]:
         else:
             names |= {(n, v) for n in UBUNTU_DRIVER | {"nvidia-driver-open", "nvidia-utils",
                                                         "nvidia-compute-utils", "nvidia-dkms-open"}}
+    kernel, metapackage, version = KERNELS[distro]
+    names |= {(f"linux-headers-{kernel}", version), (metapackage, version)}
     return names
 
 
@@ -241,6 +251,55 @@ def test_driver_packages(lab, tmp_path):
         control = subprocess.run(["dpkg-deb", "-I", str(persistenced)], check=True, capture_output=True,
                                  text=True).stdout
         assert "postinst" not in control
+
+
+def test_kernel_headers_are_shaped_like_the_distributions(lab, tmp_path):
+    """The flavour's metapackage depends on the kernel's headers at its own version, as Debian's does
+    (linux-headers-cloud-amd64 6.1.176-1 Depends linux-headers-6.1.0-50-cloud-amd64 (= 6.1.176-1)); the headers are
+    where DKMS looks for them, /lib/modules/<kernel>/build (Debian 13 and Ubuntu 24.04: under /usr)."""
+    out, _, _ = lab
+    for distro, (kernel, metapackage, version) in KERNELS.items():
+        entries = {e["Package"]: e for e in stanzas((repo_dir(out, distro) / "Packages").read_text())}
+        meta, headers = entries[metapackage], entries[f"linux-headers-{kernel}"]
+        assert meta["Depends"] == f"linux-headers-{kernel} (= {version})"
+        assert meta["Version"] == headers["Version"] == version
+        assert meta["Section"] == headers["Section"] == "kernel"
+        # Named without the epoch, as in Debian's archive.
+        assert headers["Filename"] == f"./linux-headers-{kernel}_{version.split(':')[-1]}_amd64.deb"
+        root = tmp_path / distro
+        subprocess.run(["dpkg-deb", "-x", str(repo_dir(out, distro) / headers["Filename"]), str(root)], check=True)
+        modules = "lib/modules" if distro in ("debian12", "ubuntu2204") else "usr/lib/modules"
+        assert os.readlink(root / modules / kernel / "build") == f"/usr/src/linux-headers-{kernel}"
+        assert (root / "usr/src" / f"linux-headers-{kernel}" / "Makefile").is_file()
+
+
+def test_the_lab_inventory_asks_for_the_headers_the_mirror_serves(lab):
+    """inventory/sim gives each layout's hosts a kernel name; the nvidia_driver role's own expressions turn it into
+    the packages it installs, and each layout's repository holds them."""
+    pytest.importorskip("ansible")
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    out, _, _ = lab
+    role = REPO / "roles" / "nvidia_driver"
+    lab_vars = yaml_load(REPO / "inventory" / "sim" / "group_vars" / "all.yml")
+    role_vars = {**yaml_load(role / "defaults" / "main.yml"), **yaml_load(role / "vars" / "main.yml")}
+    assert lab_vars.get("nvidia_driver_kernel_headers", True) is True, "the lab installs the kernel headers"
+    for distro, (kernel, metapackage, _) in KERNELS.items():
+        variables = {name: trust_as_template(value) if isinstance(value, str) else value
+                     for name, value in {**role_vars, **lab_vars}.items()}
+        variables |= {"nvidia_driver_repo_distro": distro, "ansible_facts": {"kernel": "6.18.44-fc-v657"}}
+        templar = Templar(loader=DataLoader(), variables=variables)
+        wanted = templar.template(trust_as_template("{{ _nvidia_driver_kernel_headers_packages }}"))
+        assert wanted == [f"linux-headers-{kernel}", metapackage], distro
+        served = {e["Package"] for e in stanzas((repo_dir(out, distro) / "Packages").read_text())}
+        assert set(wanted) <= served, distro
+
+
+def yaml_load(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
 
 
 def test_pinning_packages_exclude_each_other_and_pin_their_branch(lab, tmp_path):
@@ -485,6 +544,38 @@ def test_a_pinning_package_holds_apt_on_its_branch(lab, tmp_path, distro, branch
     assert got["cuda-toolkit-12-9"] == "12.9.1-1"
     clash = apt("-s", "install", "nvidia-open", "cuda-drivers")
     assert clash.returncode != 0
+
+
+def flat_repo(root: Path, stanzas_text: str) -> Path:
+    """An unsigned flat repository of package stanzas only (enough for apt's simulation), trusted by its source."""
+    root.mkdir(parents=True)
+    (root / "Packages").write_text(stanzas_text)
+    data = (root / "Packages").read_bytes()
+    (root / "Release").write_text(f"SHA256:\n {hashlib.sha256(data).hexdigest()} {len(data)} Packages\n")
+    return root
+
+
+@needs_apt
+@pytest.mark.parametrize("distro", DISTROS)
+def test_apt_takes_the_labs_kernel_headers_over_the_archives_newer_ones(lab, tmp_path, distro):
+    """Lab hosts keep their release's own archive in their sources, whose flavour metapackage is newer (bookworm's
+    linux-headers-cloud-amd64 6.1.192-3 depends on 6.1.0-57's headers) and may hold the very kernel's headers at the
+    same version without an epoch: apt must still take the lab's, and nothing else."""
+    out, _, _ = lab
+    kernel, metapackage, version = KERNELS[distro]
+    apt = apt_with_repo(out, tmp_path / "apt", distro)
+    upstream = version.split(":")[-1]
+    newer = "linux-headers-9.9.9-99-" + metapackage.removeprefix("linux-headers-")
+    archive = flat_repo(tmp_path / "archive", "".join(
+        f"Package: {name}\nVersion: {v}\nArchitecture: amd64\nMaintainer: archive <a@x.invalid>\n"
+        f"{'Depends: ' + dep + chr(10) if dep else ''}Filename: ./{name}.deb\nSize: 1\n"
+        f"Description: the archive's own\n\n"
+        for name, v, dep in [(metapackage, "99.0-1", f"{newer} (= 99.0-1)"), (newer, "99.0-1", ""),
+                             (f"linux-headers-{kernel}", upstream, "")]))
+    apt.add_source("archive.list", f"deb [trusted=yes] file:{archive}/ /\n")
+    assert apt("update").returncode == 0
+    got = installs(apt("-s", "install", f"linux-headers-{kernel}", metapackage))
+    assert got == {f"linux-headers-{kernel}": version, metapackage: version}
 
 
 @needs_apt

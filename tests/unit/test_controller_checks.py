@@ -106,7 +106,7 @@ def test_a_boolean_that_is_not_one_is_named():
 def test_huge_extra_flags_are_refused_naming_the_host():
     assert _host({"sglang_service_extra_flags": {"max_total_tokens": 10**20, "tool_call_parser": "kimi_k2"}}) == [
         "gpu-1: sglang_service_extra_flags/max_total_tokens: 100000000000000000000 is out of range; "
-        "give a whole number from -1 to 2147483647."
+        "give max_total_tokens a whole number from -1 to 2147483647."
     ]
     assert "must be a mapping" in _host({"sglang_service_extra_flags": "trust_remote_code"})[0]
 

@@ -238,7 +238,9 @@ def test_hang_on_a_profile_already_on_shm_goes_down_at_once():
     assert step["attempt"]["profile"] == "ep8"
 
 
-@pytest.mark.parametrize("cause", ["nccl", "port_in_use", "bad_weights", "unsupported_arch", "driver", "other"])
+@pytest.mark.parametrize(
+    "cause", ["nccl", "port_in_use", "bad_weights", "unsupported_arch", "driver", "gpu_fault", "other"]
+)
 def test_any_other_crash_restores_without_the_ladder(cause):
     outcome = {"state": "crashed", "phase": "nccl_init", "cause": cause}
     step = next_step(ladder("tp4ep2"), [failed(start("tp4ep2"), outcome)], CATALOG)
@@ -247,6 +249,31 @@ def test_any_other_crash_restores_without_the_ladder(cause):
     assert step["reason"] == (
         f"tp4ep2 failed to start ({cause}), which another layout would not fix; restoring the last unit that served."
     )
+
+
+@pytest.mark.parametrize("phase", ["launch", "nccl_init", "weight_load"])
+def test_gpus_unavailable_restore_without_fallback_or_retune_and_say_the_restore_needs_the_gpus(phase):
+    """A host whose GPUs CUDA cannot open: no smaller layout starts there, and the restore fails the same way
+    until the host is fixed; the reason says so instead of reading like a layout problem."""
+    outcome = {"state": "crashed", "phase": phase, "cause": "gpu_unavailable"}
+    for first in ("tp4ep2", "ep8"):
+        step = next_step(ladder(first), [failed(start(first), outcome)], CATALOG, CATALOG["profiles"][first]["flags"],
+                         SMI_MIB)
+        assert step["action"] == "restore"
+        assert "attempt" not in step
+        assert step["reason"] == (
+            f"{first} could not use the host's GPUs (gpu_unavailable), which no layout or retune fixes; restoring the "
+            "last unit that served, which needs the GPUs too: once the host is fixed (the advice says how), restart "
+            "sglang.service or run the deploy again."
+        )
+
+
+def test_gpus_unavailable_after_a_fallback_restores_rather_than_going_further():
+    attempts = [
+        failed(start("tp4ep2"), OOM_WEIGHTS),
+        failed({**start("tp2ep4"), "remedy": "fallback"}, {"state": "crashed", "cause": "gpu_unavailable"}),
+    ]
+    assert next_step(ladder("tp4ep2"), attempts, CATALOG)["action"] == "restore"
 
 
 @pytest.mark.parametrize("state", ["mismatch", "starting"])

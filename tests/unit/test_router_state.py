@@ -14,9 +14,9 @@ STATUS_SCHEMA = json.loads((ROOT / "schemas" / "status.schema.json").read_text()
 URL = "http://10.0.0.11:30000"
 
 
-def worker(status: str = "ready", healthy: bool = True, url: str = URL) -> dict:
+def worker(status: str = "ready", healthy: bool = True, url: str = URL, model: str = "kimi-k2.6") -> dict:
     """An entry of smg 1.13's GET /workers list, with the keys the state is read from."""
-    return {"id": "01a2", "url": url, "status": status, "is_healthy": healthy, "load": 0}
+    return {"id": "01a2", "url": url, "status": status, "is_healthy": healthy, "load": 0, "model_id": model}
 
 
 @pytest.mark.parametrize(("listings", "state"), [
@@ -36,7 +36,29 @@ def test_router_state(listings, state):
     assert router_state(URL, listings) == state
 
 
-@pytest.mark.parametrize("state", ["ready", "draining", "out", "unknown"])
+@pytest.mark.parametrize(("listings", "state"), [
+    ([[worker()]], "ready"),
+    # smg 1.13 with a key of its own, given a worker without the worker's key: its backend detection gets 401,
+    # it lists the worker ready and healthy under model "unknown", and answers 404 for kimi-k2.6
+    ([[worker(model="unknown")]], "unroutable"),
+    ([[worker()], [worker(model="unknown")]], "unroutable"),
+    ([[worker(model="unknown")], []], "unroutable"),
+    ([[worker(model="unknown")], [worker("draining")]], "draining"),
+])
+def test_a_worker_listed_under_another_model_is_unroutable(listings, state):
+    assert router_state(URL, listings, "kimi-k2.6") == state
+
+
+def test_status_exits_1_for_an_unroutable_host_and_says_what_to_set():
+    from moefleet.commands.status import exit_code, summary  # noqa: PLC0415
+
+    base = {"host": "lab-1", "state": "ready", "health": "serving", "serving_profile": "tp8", "asked_profile": "tp8"}
+    assert exit_code([base | {"router": "ready"}]) == 0
+    assert exit_code([base | {"router": "unroutable"}]) == 1
+    assert "sglang_router_worker_api_key" in summary([base | {"router": "unroutable"}])
+
+
+@pytest.mark.parametrize("state", ["ready", "draining", "out", "unroutable", "unknown"])
 def test_status_entry_carries_the_router_state(state):
     entry = status_entry("lab-1", True, {}, {}, "active", 200, {}, router=state)
     jsonschema.validate({"hosts": [entry]}, STATUS_SCHEMA)

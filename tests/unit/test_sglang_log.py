@@ -59,6 +59,18 @@ EXPECTED = {
     # the scheduler logs the traceback under its own rank prefix; cut inside it
     "43-crash_other-phi35-rank-prefixed-traceback-capture-cut.log": ("crashed", "cuda_graph", "other"),
     "44-hang-dp8-capture-custom-allreduce-registering-addresses.log": ("hung", "cuda_graph", None),
+    # constructed (README): the schedulers cannot initialise CUDA at set_device; no GPU a smaller layout could use
+    "45-crash_other-gpu-unavailable-uvm-node-closed-set-device-journal.log": (
+        "crashed",
+        "nccl_init",
+        "gpu_unavailable",
+    ),
+    # constructed: the launcher's get_device() finds no accelerator; PyTorch's warning before it says why
+    "46-crash_other-gpu-unavailable-launcher-no-accelerator-cuda-warning-journal.log": (
+        "crashed",
+        "launch",
+        "gpu_unavailable",
+    ),
 }
 
 # logs that end inside a traceback with no failure marker before it: only their end says they failed
@@ -325,9 +337,21 @@ def test_memory_warnings_do_not_make_an_oom():
             "unsupported_arch",
         ),
         (
-            "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU",
+            "RuntimeError: The NVIDIA driver on your system is too old (found version 11040). Please update your GPU "
+            "driver by downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx",
             "driver",
         ),
+        # no driver loaded is not a driver that does not fit: the host's GPUs are unavailable
+        (
+            "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU",
+            "gpu_unavailable",
+        ),
+        (
+            "RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing "
+            "env variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero.",
+            "gpu_unavailable",
+        ),
+        ("RuntimeError: CUDA error: unspecified launch failure", "gpu_fault"),
         (
             "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error",
             "nccl",
@@ -363,6 +387,8 @@ def test_a_cuda_graph_failure_that_is_not_an_oom_is_a_crash():
         ("crashed", None, "nccl", r"NCCL_P2P_DISABLE=1"),
         ("crashed", None, "unsupported_arch", r"SGLANG_ENABLE_JIT_DEEPGEMM=0"),
         ("crashed", None, "driver", r"570"),
+        ("crashed", None, "gpu_unavailable", r"no other layout fixes.*ls -l /dev/nvidia\*"),
+        ("crashed", None, "gpu_fault", r"Xid 79"),
         ("crashed", None, "port_in_use", r"stale"),
         ("hung", "nccl_init", None, r"NCCL_P2P_DISABLE=1"),
     ],

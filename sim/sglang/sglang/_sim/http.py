@@ -165,9 +165,13 @@ class Handler(BaseHTTPRequestHandler):
                 "root": st.args.served_model_name, "parent": None, "max_model_len": st.plan.context_len}]})
         elif path == "/metrics" and st.args.enable_metrics:
             self._send(200, metrics(st), "text/plain; version=0.0.4; charset=utf-8")
-        elif path in ("/get_load", "/v1/loads"):
-            self._send(200, [{"num_reqs": st.running, "num_waiting_reqs": 0,
-                              "num_tokens": 0}])
+        elif path == "/get_load":
+            # http_server.get_load: a warning at each call, then the tokenizer manager's per-rank list
+            line(st.clock, "", "Endpoint '/get_load' is deprecated and will be removed in a future version. "
+                 "Please use '/v1/loads' instead.")
+            self._send(200, [{"num_reqs": st.running, "num_waiting_reqs": 0, "num_tokens": 0}])
+        elif path == "/v1/loads":
+            self._send(200, loads(st))
         else:
             self._send(404, {"detail": "Not Found"})
 
@@ -369,6 +373,32 @@ def _usage(p: int, c: int) -> dict:
 def _chat_chunk(cid, created, model, delta, finish):
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def loads(st: State) -> dict:
+    """GET /v1/loads (entrypoints/v1_loads.py): one entry per DP rank and their aggregate. The simulator keeps one
+    count of running requests for the whole server, reported on rank 0."""
+    ranks = max(1, int(st.args.dp_size or 1)) if st.args.enable_dp_attention else 1
+    entries = []
+    for rank in range(ranks):
+        running = st.running if rank == 0 else 0
+        entries.append({
+            "dp_rank": rank, "num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": 0,
+            "max_total_num_tokens": st.plan.max_total_num_tokens, "token_usage": 0.0, "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0, "utilization": 0.0, "max_running_requests": st.plan.max_running_requests,
+            "num_total_reqs": running,
+        })
+    n = len(entries)
+    return {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": VERSION,
+        "dp_rank_count": n, "loads": entries,
+        "aggregate": {
+            "total_running_reqs": sum(e["num_running_reqs"] for e in entries),
+            "total_waiting_reqs": sum(e["num_waiting_reqs"] for e in entries),
+            "total_reqs": sum(e["num_total_reqs"] for e in entries),
+            "avg_token_usage": 0.0, "avg_throughput": 0.0, "avg_utilization": 0.0,
+        },
+    }
 
 
 def server_info(st: State) -> dict:
