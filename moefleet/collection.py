@@ -10,15 +10,16 @@ that, where ansible-playbook finds collections (ansible.cfg's collections_path, 
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 
 def _module_utils_dir() -> Path:
+    """The collection's plugins/module_utils as Python imported it (through the clone's link: not resolved)."""
     try:
         import ansible_collections.moefleet.serving.plugins.module_utils as module_utils
     except ModuleNotFoundError:
-        import sys
-
         from ansible.plugins.loader import init_plugin_loader
 
         # Ansible's collection finder, over the collections paths it is configured with; it takes over the
@@ -29,14 +30,20 @@ def _module_utils_dir() -> Path:
         try:
             import ansible_collections.moefleet.serving.plugins.module_utils as module_utils
         except ModuleNotFoundError:
-            raise SystemExit(
+            print(
                 "moefleet: the collection moefleet.serving is not installed: run `make setup` in the clone, or "
-                "`ansible-galaxy collection install` its tarball into a collections path Ansible uses."
-            ) from None
-    return Path(module_utils.__file__).resolve().parent
+                "`ansible-galaxy collection install` its tarball into a collections path Ansible uses.",
+                file=sys.stderr,
+            )
+            raise SystemExit(2) from None  # the commands' exit status for input they cannot use
+    return Path(os.path.abspath(module_utils.__file__)).parent
 
 
-ROOT = _module_utils_dir().parents[1]
+_IMPORTED = _module_utils_dir()
+ROOT = _IMPORTED.resolve().parents[1]
+# The directory holding ansible_collections/moefleet/serving as Python found it (a clone: its .ansible/collections,
+# whose link names the clone; installed: the collections path), for Ansible's collections path.
+COLLECTIONS_DIR = _IMPORTED.parents[4]
 PLAYBOOKS = ROOT / "playbooks"
 CATALOG = ROOT / "profiles" / "catalog.yml"
 SCHEMA = ROOT / "schemas" / "profile_catalog.schema.json"

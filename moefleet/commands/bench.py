@@ -1,13 +1,14 @@
 """moefleet bench: run the benchmark sweep, and read SGLang benchmark results.
 
-`moefleet bench run [-i INVENTORY] [--profiles a,b] [--limit HOST] [-e VARS] [--report PATH]` runs
+`moefleet bench run [-i INVENTORY] [--profiles a,b] [--limit HOST] [-e VARS] [--report PATH]
+[--vault-password-file FILE | --ask-vault-pass]` runs
 playbooks/bench.yml through ansible-runner on one host (the first of group blackwell, or --limit): each profile
 served through the sglang_service role, then measured with SGLang's own bench_serving at a concurrency ladder
 (with a group routers, the host is out of them for the sweep).
 It prints one line per step (profile k of n, each concurrency level's output tok/s and p99 ITL), then the
 summary table and the recommendation; the report (JSON, CSV, Markdown, PNG plots) lands under reports/.
 Exit codes: 0 the report was written and the host serves again; 1 the run failed or wrote no report; 2 bad
-input, refused before the host was touched; 130 Ctrl-C.
+input (-e apply=maybe, an unknown profile, no inventory), refused before the host was touched; 130 Ctrl-C.
 
 `moefleet bench parse FILE... [--json]` reads the results of `python -m sglang.bench_serving` as people
 paste them: the printed result block of any SGLang release since 0.2 (rows missing in older releases,
@@ -23,7 +24,6 @@ sentence on stderr names it; the results of the other files are still printed).
 from __future__ import annotations
 
 import argparse
-import configparser
 import contextlib
 import difflib
 import json
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ansible_collections.moefleet.serving.plugins.module_utils.bench_results import parse_text
+
+from moefleet.commands._common import INVENTORY_HELP, add_vault_arguments, vault
 
 EXIT_OK, EXIT_NOT_DONE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXPECTED = ("expected the block `python -m sglang.bench_serving` prints (from its "
@@ -84,8 +86,7 @@ def register(subparsers) -> None:
             "1 otherwise, 2 bad input, 130 Ctrl-C."
         ),
     )
-    sweep.add_argument("-i", "--inventory", metavar="INVENTORY",
-                       help="inventory file or directory (default: the clone's ansible.cfg inventory)")
+    sweep.add_argument("-i", "--inventory", metavar="INVENTORY", help=INVENTORY_HELP)
     sweep.add_argument("--profiles", metavar="A,B", help="profiles to measure, in order (default: every one that fits)")
     sweep.add_argument("--limit", "-l", metavar="HOST", help="the host to measure (default: the first of blackwell)")
     sweep.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
@@ -93,6 +94,7 @@ def register(subparsers) -> None:
                             "(-e '{\"bench_ladder\": [1, 64]}', -e apply=yes)")
     sweep.add_argument("--report", type=Path, metavar="PATH",
                        help="report path without extension (default reports/bench-<UTC>)")
+    add_vault_arguments(sweep)
     sweep.set_defaults(func=run_sweep)
 
     def usage(_args: argparse.Namespace) -> int:
@@ -274,27 +276,14 @@ class SweepProgress:
                     tofile=str(one.get("after_header") or "after"))))
 
 
-def default_inventory() -> str:
-    """The inventory a clone's ansible.cfg names; BadInput when there is none."""
-    from moefleet import collection, runner
-
-    cfg = collection.ANSIBLE_CFG
-    if cfg is not None:
-        parser = configparser.ConfigParser(interpolation=None)
-        parser.read(cfg)
-        value = parser.get("defaults", "inventory", fallback="").split(",")[0].strip()
-        if value:
-            return str((cfg.parent / value).resolve())
-    raise runner.BadInput("no inventory given and no ansible.cfg names one: pass -i INVENTORY.")
-
-
 def run_sweep(args: argparse.Namespace) -> int:
     from moefleet import runner
-    from moefleet.commands.rollout import parse_extra_vars
+    from moefleet.commands.rollout import input_problems, parse_extra_vars
 
     progress = SweepProgress()
     try:
         extravars = parse_extra_vars(args.extra_vars)
+        input_problems(extravars)  # -e apply=..., as playbooks/validate.yml checks it
         if args.profiles is not None:
             names = [name.strip() for name in args.profiles.split(",") if name.strip()]
             if not names:
@@ -309,9 +298,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             base = Path.cwd() / "reports" / datetime.now(UTC).strftime("bench-%Y%m%dT%H%M%SZ")
         extravars["bench_report_dir"] = str(base.parent)
         extravars["bench_report_stem"] = base.name
-        inventory = args.inventory or default_inventory()
-        outcome = runner.run_playbook("bench.yml", inventory, extravars, on_event=progress,
-                                      notice=lambda m: print(m, file=sys.stderr))
+        secrets = vault(args)
+        outcome = runner.run_playbook("bench.yml", args.inventory, extravars, on_event=progress,
+                                      notice=lambda m: print(m, file=sys.stderr), vault=secrets)
     except runner.BadInput as exc:
         print(f"moefleet bench run: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

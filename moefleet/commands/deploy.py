@@ -21,9 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "that serve another profile (--yes or -e confirm=yes for scripts; elsewhere refused). Prints one line "
             "per host state change, then the report. Ctrl-C stops after the running task, a second Ctrl-C at "
             "once. For a fleet in service, moefleet rollout (canary, batches, routers drained) is the safer "
-            "command. Exit 0 when every host serves the asked profile (with --check: when the plan could be "
-            "made), 1 when a host did not serve it (degraded included) or the restart was refused at "
-            "confirmation, 2 on bad input, 130 on Ctrl-C."
+            "command; a host that ends degraded (on a fallback) counts as not serving the asked profile. "
+            + rollout.EXIT_HELP
         ),
     )
     rollout.add_arguments(

@@ -9,7 +9,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from moefleet import runner
-from moefleet.commands._common import LEGACY_MARK, LEGACY_NOTE, parse_time, utc_text
+from moefleet.commands._common import (
+    INVENTORY_HELP,
+    LEGACY_MARK,
+    LEGACY_NOTE,
+    add_vault_arguments,
+    parse_time,
+    utc_text,
+    vault,
+)
 
 EXIT_OK, EXIT_NO_FACTS, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 # The setup module's arguments that read only the local facts (as `moefleet rollout --check` reads them).
@@ -27,14 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the last run ended restored, and each failure while serving that the unit's exit hook recorded "
             "(systemd restarted the unit after it). Times are UTC. --json prints the document "
             "(schemas/history.schema.json). Exit status: 0 when the host has moefleet facts, 1 when it has "
-            "none (never deployed), 2 on input errors (HOST not in the inventory), 3 when HOST is unreachable."
+            "none (never deployed), 2 on input errors (HOST not in the inventory, no such inventory, a vault "
+            "password file that is not there), 3 when HOST is unreachable or its facts cannot be read."
         ),
     )
     parser.add_argument("host", metavar="HOST", help="the host's inventory name")
-    parser.add_argument(
-        "-i", "--inventory", metavar="INVENTORY", help="inventory file or directory (default: ansible.cfg's)"
-    )
+    parser.add_argument("-i", "--inventory", metavar="INVENTORY", help=INVENTORY_HELP)
     parser.add_argument("--json", action="store_true", help="print the JSON document instead of a table")
+    add_vault_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -106,7 +114,8 @@ def render(doc: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        result = runner.run_adhoc("ansible.builtin.setup", LOCAL_FACTS_ONLY, args.inventory, args.host)
+        result = runner.run_adhoc("ansible.builtin.setup", LOCAL_FACTS_ONLY, args.inventory, args.host,
+                                  vault=vault(args))
     except runner.BadInput as exc:
         print(f"moefleet history: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

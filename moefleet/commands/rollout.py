@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ansible_collections.moefleet.serving.plugins.callback import moefleet_report
+from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs
 
 from moefleet import runner
-from moefleet.commands._common import add_target_arguments
+from moefleet.commands._common import add_target_arguments, vault
 
-EXIT_OK, EXIT_NOT_DONE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_NOT_DONE, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 # What a host is doing comes from documented facts, never task names: sglang_service_phase (set to installing by
 # playbooks/serve.yml, then loading, rolling back, restoring, done by the sglang_service role) with
@@ -42,6 +43,15 @@ class Kind:
 
 ROLLOUT = Kind("rollout", "rollout.yml", batches=True)
 
+# The exit statuses `moefleet rollout` and `moefleet deploy` return (execute, and exit_code for a finished run).
+EXIT_HELP = (
+    "Exit status: 0 when every host serves the asked profile (with --check: the plan was made, every host was "
+    "reached and has a profile to serve); 1 when the run stopped, a host did not serve the asked profile, the "
+    "restart was refused at confirmation or the run wrote no report; 2 on bad input (refused before any host "
+    "changed: -e values, the inventory, a host with no profile); 3 with --check when a host could not be reached "
+    "or its facts read; 130 on Ctrl-C."
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -51,18 +61,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Run playbooks/rollout.yml through ansible-runner: canary host first, then batches; the first host "
             "that does not serve the asked profile stops the rollout. Prints one line per host state change, "
             "then the report. Ctrl-C stops after the running task (a host's started rollback or restore first "
-            "runs to its end), a second Ctrl-C at once. Exit 0 when every "
-            "host serves the asked profile (with --check: when the plan could be made), 1 when the rollout "
-            "stopped, a host did not serve it or the restart was refused at confirmation, 2 on bad input, "
-            "130 on Ctrl-C."
+            "runs to its end), a second Ctrl-C at once. Batch sizes (moefleet_serial, and behind routers "
+            "moefleet_max_unavailable) are a number of hosts or a percentage of them, as Ansible's serial takes "
+            "them; 0, a negative number, 0%, more than 100% or a word are refused before anything runs. "
+            + EXIT_HELP
         ),
     )
     add_arguments(
         parser,
         ROLLOUT,
         check_help="print the batches (canary first) and what would change on each host, touching nothing: the "
-        "batches come from moefleet_serial (playbooks/rollout.yml's, or -e) and the inventory's order, as Ansible "
-        "cuts them; what each host serves from its local facts (read-only fact gathering)",
+        "batches come from moefleet_serial (playbooks/rollout.yml's, or -e), behind routers from "
+        "moefleet_max_unavailable (default 1), and the inventory's order, as Ansible cuts them; what each host "
+        "serves from its local facts (read-only fact gathering); exit 3 when a host cannot be reached",
     )
     parser.set_defaults(func=run)
 
@@ -216,18 +227,28 @@ def run(args: argparse.Namespace) -> int:
     return execute(args, ROLLOUT)
 
 
+def input_problems(extravars: dict[str, Any]) -> None:
+    """The run's own inputs among the -e values (batch sizes, confirm, ...): BadInput with every sentence, from
+    the one check playbooks/validate.yml runs (module_utils/playbook_inputs.py)."""
+    problems = playbook_inputs.problems(extravars)
+    if problems:
+        raise runner.BadInput(" ".join(problems))
+
+
 def execute(args: argparse.Namespace, kind: Kind) -> int:
     """Run the kind's playbook as `moefleet rollout` does: the plan (--check), the confirmation, progress, report."""
     name = f"moefleet {kind.command}"
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
         extravars = parse_extra_vars(args.extra_vars)
-        confirmed = args.yes or str(extravars.get("confirm", "no")).lower() in ("yes", "true", "1")
+        input_problems(extravars)
+        secrets = vault(args)
+        confirmed = args.yes or playbook_inputs.confirmed(extravars.get("confirm", "no"))
         if args.check or not confirmed:
-            plan = plan_rollout(args.inventory, extravars, args.limit, kind)
+            plan = plan_rollout(args.inventory, extravars, args.limit, kind, secrets)
         if args.check:
             print(json.dumps(plan, indent=2) if args.json else render_plan(plan))
-            return EXIT_OK
+            return check_code(plan, name)
         base = report_base(args.report, kind.command)
         if not confirmed and plan["restart"]:
             if not ask(plan):
@@ -240,13 +261,13 @@ def execute(args: argparse.Namespace, kind: Kind) -> int:
                 say(f"Report: {base}.json and {base.name}.md")
                 return EXIT_NOT_DONE
             extravars["confirm"] = "yes"
-        elif args.yes:
-            extravars["confirm"] = "yes"
+        elif confirmed:
+            extravars["confirm"] = "yes"  # --yes, or a confirm the playbook's own question reads as yes
         extravars["moefleet_report_path"] = str(base)
         progress = Progress(out=sys.stderr if args.json else None)
         outcome = runner.run_playbook(
             kind.playbook, args.inventory, extravars, on_event=progress, notice=lambda m: print(m, file=sys.stderr),
-            limit=f"{args.limit},localhost" if args.limit else None,
+            limit=f"{args.limit},localhost" if args.limit else None, vault=secrets,
         )
     except runner.BadInput as exc:
         print(f"{name}: {exc}", file=sys.stderr)
@@ -286,68 +307,77 @@ CONFIRMATION_REFUSAL = "These hosts serve another profile"
 GROUP = "blackwell"
 
 
-def rollout_serial(extravars: dict[str, Any]) -> list[Any]:
-    """moefleet_serial as the rollout uses it: -e, else the value playbooks/rollout.yml sets (play vars win
-    over inventory)."""
-    if "moefleet_serial" in extravars:
-        serial = extravars["moefleet_serial"]
-    else:
-        import yaml
+def serve_play_vars(playbook: str) -> dict[str, Any]:
+    """The vars the playbook gives serve.yml's play (playbooks/rollout.yml: moefleet_serial, the routers'
+    switches, ...; deploy.yml: none): what the play's serial reads unless -e says otherwise."""
+    import yaml
 
-        plays = yaml.safe_load(runner.playbook_path("rollout.yml").read_text(encoding="utf-8"))
-        serial = next(
-            (p["vars"]["moefleet_serial"] for p in plays if "moefleet_serial" in (p.get("vars") or {})), [0]
-        )
-    serial = serial if isinstance(serial, list) else [serial]
-    for value in serial:
-        text = str(value)
-        if not re.fullmatch(r"\d+%?", text) or (text.endswith("%") and not 0 < int(text[:-1]) <= 100):
-            raise runner.BadInput(
-                f"moefleet_serial item {value!r} is not a batch size; give whole numbers or percentages, "
-                "e.g. -e '{\"moefleet_serial\": [1, 2, \"100%\"]}'."
-            )
-    return serial
+    plays = yaml.safe_load(runner.playbook_path(playbook).read_text(encoding="utf-8")) or []
+    for play in plays:
+        target = play.get("ansible.builtin.import_playbook") or play.get("import_playbook")
+        if target == "serve.yml":
+            return dict(play.get("vars") or {})
+    return {}
 
 
 def plan_rollout(
-    inventory: str | None, extravars: dict[str, Any], limit: str | None, kind: Kind = ROLLOUT
+    inventory: str | None, extravars: dict[str, Any], limit: str | None, kind: Kind = ROLLOUT,
+    secrets: runner.Vault | None = None,
 ) -> dict[str, Any]:
     """Which hosts, in which batch, and what would change on each: two read-only ad-hoc runs through the
-    same runner (the hosts' asked profile and play order; their local facts). A kind without batches (deploy)
-    puts every host in one batch, with no canary, routers or not (deploy.yml does not drain)."""
+    same runner (the hosts' asked profile, play order and run-level inputs; their local facts). The batches are
+    serve.yml's serial for the playbook's vars with -e over them (playbook_inputs.play_serial), cut as Ansible
+    cuts them (playbook_inputs.batches, the report callback's too): deploy.yml every host in one batch, with no
+    canary, routers or not (it does not drain). A run-level input set in the inventory is refused as
+    playbooks/validate.yml refuses it."""
+    names = list(playbook_inputs.INPUTS)
     asked_expr = "profile" if "profile" in extravars else "sglang_profile | default(none)"
     looked = runner.run_adhoc(
         "ansible.builtin.debug",
         "msg={{ {'asked': " + asked_expr + ", 'order': ansible_play_hosts_all, "
-        "'routers': groups['routers'] | default([]), 'max_unavailable': moefleet_max_unavailable | default(1)} }}",
-        inventory, GROUP, limit, extravars,
+        "'routers': groups['routers'] | default([]), "
+        f"'inputs': ([inventory_hostname] | moefleet.serving.host_inputs(hostvars, {names!r}))[inventory_hostname]"
+        "} }}",
+        inventory, GROUP, limit, extravars, vault=secrets,
     )
     if looked.failed:
-        raise runner.BadInput(f"Cannot plan the rollout: {next(iter(looked.failed.values()))}")
+        raise runner.BadInput(f"Cannot plan the {kind.command}: {next(iter(looked.failed.values()))}")
+    inventory_text = ", ".join(str(p) for p in runner.inventory_sources(inventory))
     if not looked.ok:
-        return {"playbook": kind.playbook, "inventory": str(runner.inventory_path(inventory)), "limit": limit,
-                "serial": [],
-                "behind_routers": False, "batches": 0, "hosts": [], "restart": [], "touched": False}
+        return {"playbook": kind.playbook, "inventory": inventory_text, "limit": limit, "serial": [],
+                "behind_routers": False, "batches": 0, "hosts": [], "restart": [], "unreachable": [],
+                "no_profile": [], "touched": False}
+    views = {host: dict(result["msg"].get("inputs") or {}) for host, result in looked.ok.items()}
+    problems = playbook_inputs.problems(extravars, views, playbook_inputs.outside_extra_vars(extravars, views))
+    if problems:
+        raise runner.BadInput(" ".join(problems))
     first = next(iter(looked.ok.values()))["msg"]
     order = list(first["order"])
     facts = runner.run_adhoc(
-        "ansible.builtin.setup", "filter=ansible_local gather_subset=!all,!min,local", inventory, GROUP, limit
+        "ansible.builtin.setup", "filter=ansible_local gather_subset=!all,!min,local", inventory, GROUP, limit,
+        vault=secrets,
     )
-    behind_routers = bool(first["routers"]) and kind.batches
-    if not kind.batches:
-        serial: list[Any] = [0]
-    else:
-        serial = [int(first["max_unavailable"])] if behind_routers else rollout_serial(extravars)
-    rows, restart = [], []
-    # cut as the report callback cuts them: the way Ansible's playbook executor does
+    values = {**serve_play_vars(kind.playbook), **extravars}
+    serial = playbook_inputs.play_serial(values, bool(first["routers"]))
+    behind_routers = bool(first["routers"]) and playbook_inputs.confirmed(values.get("moefleet_through_routers",
+                                                                                      False))
+    rows, restart, unreachable, no_profile = [], [], [], []
+    # cut as Ansible cuts them (and the report callback): playbook_inputs.batches
     for number, batch in enumerate(moefleet_report.serial_batches(order, serial), start=1):
         for host in batch:
             asked = looked.ok[host]["msg"]["asked"]
             local = ((facts.ok.get(host) or {}).get("ansible_facts") or {}).get("ansible_local") or {}
             state = local.get("moefleet") if isinstance(local.get("moefleet"), dict) else None
             serving = state.get("serving_profile") if state else None
+            if asked is None:
+                no_profile.append(host)
             if host in facts.unreachable:
                 change = f"unreachable now ({facts.unreachable[host]})"
+                unreachable.append(host)
+            elif host in facts.failed or host not in facts.ok:
+                why = facts.failed.get(host) or "no answer"
+                change = f"its facts could not be read ({why})"
+                unreachable.append(host)
             elif asked is None:
                 change = "no profile asked: set sglang_profile for the host, or pass -e profile=NAME"
             elif state is None:
@@ -366,22 +396,39 @@ def plan_rollout(
                          "asked_profile": asked, "serving_profile": serving, "change": change})
     return {
         "playbook": kind.playbook,
-        "inventory": str(runner.inventory_path(inventory)),
+        "inventory": inventory_text,
         "limit": limit,
         "serial": serial,
         "behind_routers": behind_routers,
         "batches": len({row["batch"] for row in rows}),
         "hosts": rows,
         "restart": restart,
+        "unreachable": unreachable,
+        "no_profile": no_profile,
         "touched": False,
     }
 
 
+def check_code(plan: dict[str, Any], name: str) -> int:
+    """--check's exit status, with a sentence on stderr for each reason it is not 0."""
+    if plan.get("no_profile"):
+        print(f"{name}: no profile asked for {', '.join(plan['no_profile'])}: pass -e profile=NAME or set "
+              "sglang_profile for them; the run would be refused.", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if plan.get("unreachable"):
+        print(f"{name}: {', '.join(plan['unreachable'])} could not be reached (or their facts read): the plan "
+              "cannot say what would change there.", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    return EXIT_OK
+
+
 def render_plan(plan: dict[str, Any]) -> str:
     deploy = plan.get("playbook") == "deploy.yml"
+    size = plan["serial"][0] if plan["serial"] else None
+    at_a_time = f"{size} of the hosts" if str(size).endswith("%") else f"{size} host(s)"
     how = (
-        "every host at once" if deploy
-        else f"behind routers, {plan['serial'][0]} host(s) at a time" if plan["behind_routers"]
+        f"behind routers, {at_a_time} at a time" if plan["behind_routers"]
+        else "every host at once" if deploy and plan["serial"] in ([0], [])
         else f"serial {json.dumps(plan['serial'])}"
     )
     what = "Deploy" if deploy else "Rollout"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from moefleet import runner
-from moefleet.commands._common import LEGACY_MARK, LEGACY_NOTE, add_target_arguments, utc_text
+from moefleet.commands._common import LEGACY_MARK, LEGACY_NOTE, add_target_arguments, utc_text, vault
 
 EXIT_OK, EXIT_DRIFT, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_NOT_SERVING = EXIT_DRIFT  # the name before drift had its own words
@@ -30,9 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the last rollback and failures while serving, then one line saying how many hosts "
             "serve what they were asked and what the others do. Times are UTC. --json prints the document "
             "(schemas/status.schema.json) instead. Exit status: 0 only when every host serves what it was "
-            "asked and every router routes to it; 1 when a host drifted, does not serve or is unroutable (or no host "
-            "matched); 2 on input errors; 3 when a "
-            "host was unreachable (before 1)."
+            "asked and every router routes to it; 1 when a host drifted, does not serve or is unroutable, when "
+            "the inventory has no host in group blackwell, or when the run wrote no status document; 2 on input "
+            "errors (no such inventory, a --limit that matches no host, a vault password file that is not "
+            "there); 3 when a host was unreachable (before 1)."
         ),
     )
     add_target_arguments(parser, "only these hosts (Ansible's --limit pattern)")
@@ -67,7 +68,9 @@ class NoDocument(RuntimeError):
         self.unreachable = unreachable
 
 
-def collect(inventory: str | None, limit: str | None = None) -> list[dict[str, Any]]:
+def collect(
+    inventory: str | None, limit: str | None = None, secrets: runner.Vault | None = None
+) -> list[dict[str, Any]]:
     """The status document's hosts; runner.BadInput for bad input, NoDocument when the run gave none."""
     with tempfile.TemporaryDirectory(prefix="moefleet-status-") as tmp:
         path = Path(tmp) / "status.json"
@@ -79,6 +82,7 @@ def collect(inventory: str | None, limit: str | None = None) -> list[dict[str, A
             on_event=failures,
             notice=lambda m: print(m, file=sys.stderr),
             limit=limit,
+            vault=secrets,
         )
         try:
             return json.loads(path.read_text(encoding="utf-8"))["hosts"]
@@ -99,7 +103,7 @@ def exit_code(hosts: list[dict[str, Any]]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        hosts = collect(args.inventory, getattr(args, "limit", None))
+        hosts = collect(args.inventory, getattr(args, "limit", None), vault(args))
     except runner.BadInput as exc:
         print(f"moefleet status: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

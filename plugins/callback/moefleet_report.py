@@ -145,21 +145,11 @@ def collection_version() -> str | None:
 
 
 def serial_batches(hosts: list[str], serial: object) -> list[list[str]]:
-    """The hosts cut into batches as ansible-core's playbook executor cuts a play with this serial."""
-    from ansible.utils.helpers import pct_to_int
+    """The hosts cut into batches as ansible-core's playbook executor cuts a play with this serial: the one
+    function `moefleet rollout --check` cuts its plan with too (module_utils/playbook_inputs.py)."""
+    from ansible_collections.moefleet.serving.plugins.module_utils.playbook_inputs import batches
 
-    sizes = serial if isinstance(serial, list) else ([serial] if serial not in (None, "") else [])
-    sizes = sizes or [-1]
-    left, out, item = list(hosts), [], 0
-    while left:
-        size = pct_to_int(sizes[item], len(hosts))
-        if size <= 0:
-            out.append(left)
-            break
-        out.append(left[:size])
-        left = left[size:]
-        item = min(item + 1, len(sizes) - 1)
-    return out
+    return batches(hosts, serial)
 
 
 def _handled_by_rescue(task) -> bool:

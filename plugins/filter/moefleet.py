@@ -2,7 +2,7 @@
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
 .fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; the
 documents a host keeps and reports, .local_facts and .status_entry; and for the controller checks
-moefleet.serving.host_inputs and .origins."""
+moefleet.serving.host_inputs, .origins and .playbook_input_problems."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ansible_collections.moefleet.serving.plugins.module_utils import (
     extra_flags,
     host_state,
     planner,
+    playbook_inputs,
     profiles,
     rollback,
 )
@@ -145,6 +146,37 @@ def origins(value):
     return origins
 
 
+def _extra_vars():
+    """The run's -e values as ansible-playbook parsed them (ansible.utils.vars.load_extra_vars keeps what it parsed
+    when the run started; a task's worker process inherits it), or None outside a command-line run."""
+    try:
+        from ansible import context
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.utils.vars import load_extra_vars
+
+        if not context.CLIARGS:
+            return None
+        return dict(load_extra_vars(DataLoader()))
+    except Exception:  # noqa: BLE001 - another ansible-core, or -e values it cannot read again: compare views instead
+        return None
+
+
+def playbook_input_problems(hostvars, hosts, controller="localhost"):
+    """The problems of the playbooks' own inputs (module_utils/playbook_inputs.py: batch sizes, confirm, apply,
+    ...), as sentences; [] when there are none: ``{{ hostvars | moefleet.serving.playbook_input_problems(
+    groups['blackwell']) }}``. The values are checked as the controller sees them (-e); each host's own
+    values too; a run-level input set in the inventory is refused, naming the hosts."""
+    names = list(playbook_inputs.INPUTS)
+    views = {}
+    for host in [controller, *hosts]:
+        own = hostvars[host]
+        views[host] = {name: own[name] for name in names if name in own}
+    extra = _extra_vars()
+    outside = playbook_inputs.outside_extra_vars(extra, views, play_view=controller)
+    values = views.pop(controller)
+    return playbook_inputs.problems(values, views, outside, everyone=controller)
+
+
 class FilterModule:
     """moefleet filters, called as moefleet.serving.<name>."""
 
@@ -163,4 +195,5 @@ class FilterModule:
             "attempt": attempt,
             "host_inputs": host_inputs,
             "origins": origins,
+            "playbook_input_problems": playbook_input_problems,
         }

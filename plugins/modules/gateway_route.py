@@ -13,7 +13,7 @@ description:
     its own, until the gateway answers one with status 200 and names O(worker_url) in its
     C(x-smg-routed-worker-id) response header (smg 1.13 sets it on every proxied response), or O(timeout) ends.
   - A worker the gateway lists C(ready) and healthy may still be unroutable for the model (smg registers a
-    worker added without the key it needs under model C(unknown): every request for the model then gets
+    worker added without the key it needs under model C(unknown), and every request for the model then gets
     404 "No worker available for model"). Only a request the worker answered proves it is routed to.
   - Requests go out one after the other, each a new prompt, so a cache-aware policy (whose prefix tree sends a
     repeated prompt back where it went) sends them to the worker with the least cached, which a re-added one is.

@@ -124,9 +124,10 @@ def _router_workers_when_up(router_url: str) -> list[dict]:
 
 def _routed_to(router_url: str, key: str) -> str:
     """The worker that answered one chat completion through the router (smg's x-smg-routed-worker-id), or the
-    HTTP error the router answered with."""
+    HTTP error the router answered with. The prompt starts with a part of its own: the cache-aware policy sends a
+    prompt whose prefix it has seen to the worker that served it."""
     body = json.dumps({"model": "kimi-k2.6", "max_tokens": 1,
-                       "messages": [{"role": "user", "content": f"which worker? {time.monotonic_ns()}"}]}).encode()
+                       "messages": [{"role": "user", "content": f"{time.monotonic_ns()} which worker?"}]}).encode()
     headers = {"content-type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
     req = urllib.request.Request(f"{router_url}/v1/chat/completions", data=body, headers=headers)
     try:

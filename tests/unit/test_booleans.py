@@ -1,7 +1,8 @@
 """Every documented boolean, wherever a role or playbook decides on it, takes what -e passes.
 
 The documented booleans are the options with ``type: bool`` in the roles' argument specs plus the
-playbook booleans playbooks/validate.yml lists (the very lists the controller check uses). Every
+playbook booleans playbooks/validate.yml lists and the run's own booleans of module_utils/playbook_inputs.py (the
+very lists the controller checks use). Every
 when/changed_when/failed_when and assert condition that names one is evaluated with ansible-core's own
 templar with the variable set to each string form -e gives (true/false, yes/no, 1/0, any case) and must
 decide exactly as it does with the real boolean: a bare ``when: flag`` fails here under ansible-core 2.19
@@ -17,7 +18,7 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
-from ansible_collections.moefleet.serving.plugins.module_utils import profiles
+from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs, profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())[0]["vars"]
@@ -32,7 +33,11 @@ def _role_booleans() -> list[str]:
     return names
 
 
-BOOLEANS = _role_booleans() + VALIDATE["moefleet_playbook_booleans"]
+# The run's own booleans (moefleet_health_gate, moefleet_any_errors_fatal, moefleet_through_routers) are in the
+# table playbooks/validate.yml checks them from (module_utils/playbook_inputs.py). apply too, but no condition
+# decides on it: bench.yml reads it as bench_apply (| bool), and its one assert only says it is a boolean form.
+RUN_BOOLEANS = [name for name, spec in playbook_inputs.INPUTS.items() if spec.kind == "bool" and name != "apply"]
+BOOLEANS = _role_booleans() + VALIDATE["moefleet_playbook_booleans"] + RUN_BOOLEANS
 TRUE_FORMS = ["true", "True", "yes", "YES", "1"]
 FALSE_FORMS = ["false", "False", "no", "No", "0"]
 CONDITION_KEYS = ("when", "changed_when", "failed_when")

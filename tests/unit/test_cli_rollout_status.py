@@ -46,7 +46,7 @@ class FakeRun:
         self.result = result or runner.RunResult(status="successful", rc=0)
         self.calls: list[tuple] = []
 
-    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None):
+    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
         runner.inventory_path(inventory)
         self.calls.append((name, inventory, dict(extravars or {})))
         self.limits = [*getattr(self, "limits", []), limit]
@@ -89,13 +89,10 @@ def test_bad_extra_vars_are_bad_input(value):
 def test_rollout_inventory_defaults_to_ansible_cfgs(monkeypatch, capsys):
     fake = FakeRun(report={"result": "complete", "hosts": []})
     monkeypatch.setattr(runner, "run_playbook", fake)
-    monkeypatch.setattr(runner, "default_inventory", lambda: collection.ROOT / "inventory" / "sim" / "group_vars")
+    monkeypatch.setattr(runner, "default_inventories",
+                        lambda: [collection.ROOT / "inventory" / "sim" / "group_vars"])
     cli.main(["rollout", "-e", "profile=ep8", "--yes", "--report", "/tmp/moefleet-test-default-inventory"])
     assert fake.calls[0][1] is None  # the runner resolves it: ansible.cfg's inventory
-
-
-def test_default_inventory_is_the_one_ansible_cfg_names():
-    assert runner.default_inventory() == collection.ROOT / "inventory" / "sim" / "hosts.yml"
 
 
 # -- progress ------------------------------------------------------------------------------------------
@@ -340,6 +337,8 @@ def test_run_playbook_passes_what_ansible_runner_needs(monkeypatch, inventory):
         return type("R", (), {"status": "successful", "rc": 0, "stats": {"ok": {}}})()
 
     monkeypatch.setattr(ansible_runner, "run", fake_run)
+    monkeypatch.chdir(collection.ROOT)  # the clone's own ansible.cfg is the one found (tests/unit/test_cli_config.py)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
     got: list = []
     result = runner.run_playbook("status.yml", inventory, {"a": 1}, on_event=got.append)
     assert result == runner.RunResult(status="successful", rc=0, stats={"ok": {}})
@@ -350,6 +349,7 @@ def test_run_playbook_passes_what_ansible_runner_needs(monkeypatch, inventory):
     assert seen["extravars"] == {"a": 1}
     assert seen["envvars"]["ANSIBLE_CONFIG"] == str(collection.ROOT / "ansible.cfg")
     assert seen["envvars"]["ANSIBLE_CALLBACKS_ENABLED"] == "moefleet.serving.moefleet_report"
+    assert seen["cmdline"] is None and seen["passwords"] is None  # no vault options given
     assert not Path(seen["private_data_dir"]).exists()  # a fresh one per run, removed afterwards
 
 
@@ -359,16 +359,18 @@ def test_run_playbook_passes_what_ansible_runner_needs(monkeypatch, inventory):
 class FakeAdhoc:
     """Stands in for runner.run_adhoc: the hosts' asked profile and order (debug), their local facts (setup)."""
 
-    def __init__(self, serving: dict[str, str | None], asked: str = "ep8", unreachable=(), routers=()):
+    def __init__(self, serving: dict[str, str | None], asked: str | None = "ep8", unreachable=(), routers=(),
+                 inputs=None):
         self.serving, self.asked, self.unreachable, self.routers = serving, asked, set(unreachable), list(routers)
+        self.inputs = dict(inputs or {})  # the run-level inputs each host sees (inventory, -e)
         self.calls: list[tuple] = []
 
-    def __call__(self, module, module_args, inventory, pattern, limit=None, extravars=None):
+    def __call__(self, module, module_args, inventory, pattern, limit=None, extravars=None, vault=None):
         runner.inventory_path(inventory)
         self.calls.append((module, pattern, limit))
         hosts = [h for h in self.serving if limit is None or h in limit.split(",")]
         if module.endswith("debug"):
-            msg = {"order": hosts, "routers": self.routers, "max_unavailable": 1}
+            msg = {"order": hosts, "routers": self.routers, "inputs": self.inputs}
             looked = {h: {"msg": {"asked": self.asked, **msg}} for h in hosts}
             return runner.AdhocResult(looked, {}, {}, "successful", 0)
         ok = {}
@@ -415,11 +417,74 @@ def test_check_json_and_limit(fleet, inventory, capsys):
     assert plan["restart"] == ["lab-2"] and plan["touched"] is False
 
 
-def test_check_says_unreachable_hosts(monkeypatch, inventory, capsys):
+def test_check_says_unreachable_hosts_and_exits_3(monkeypatch, inventory, capsys):
     monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({"lab-1": "ep8", "lab-2": "tp8"}, unreachable={"lab-2"}))
-    cli.main(["rollout", "-i", str(inventory), "--check"])
-    out = capsys.readouterr().out
-    assert "lab-2  unreachable now (ssh: connect to host refused)" in out and "would restart" not in out
+    assert cli.main(["rollout", "-i", str(inventory), "--check"]) == 3
+    captured = capsys.readouterr()
+    assert "lab-2  unreachable now (ssh: connect to host refused)" in captured.out
+    assert "would restart" not in captured.out
+    assert captured.err == ("moefleet rollout: lab-2 could not be reached (or their facts read): the plan cannot say "
+                            "what would change there.\n")
+    assert cli.main(["deploy", "-i", str(inventory), "--check", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["unreachable"] == ["lab-2"]
+
+
+def test_check_exits_3_when_a_hosts_facts_cannot_be_read(monkeypatch, inventory, capsys):
+    class FactsFail(FakeAdhoc):
+        def __call__(self, module, *args, **kwargs):
+            result = super().__call__(module, *args, **kwargs)
+            if module.endswith("setup"):
+                del result.ok["lab-2"]
+                result.failed["lab-2"] = "sudo: a password is required"
+            return result
+
+    monkeypatch.setattr(runner, "run_adhoc", FactsFail({"lab-1": "ep8", "lab-2": "tp8"}))
+    assert cli.main(["rollout", "-i", str(inventory), "--check"]) == 3
+    assert "lab-2  its facts could not be read (sudo: a password is required)" in capsys.readouterr().out
+
+
+def test_check_exits_2_when_a_host_has_no_profile_to_serve(monkeypatch, inventory, capsys):
+    monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({"lab-1": "ep8"}, asked=None))
+    assert cli.main(["rollout", "-i", str(inventory), "--check"]) == 2
+    captured = capsys.readouterr()
+    assert "lab-1  no profile asked" in captured.out
+    assert "moefleet rollout: no profile asked for lab-1: pass -e profile=NAME" in captured.err
+
+
+def test_check_refuses_a_run_level_input_set_in_the_inventory(monkeypatch, inventory, capsys):
+    adhoc = FakeAdhoc({"lab-1": "ep8", "lab-2": "ep8"}, inputs={"moefleet_max_unavailable": 2})
+    monkeypatch.setattr(runner, "run_adhoc", adhoc)
+    assert cli.main(["rollout", "-i", str(inventory), "--check", "-e", "profile=ep8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moefleet rollout: moefleet_max_unavailable is set in the inventory for lab-1, lab-2, which "
+                          "the playbooks would ignore")
+    assert [module for module, _, _ in adhoc.calls] == ["ansible.builtin.debug"]  # refused before reading facts
+    # given with -e, it wins over the inventory everywhere: nothing to refuse
+    adhoc.inputs = {"moefleet_max_unavailable": "3"}
+    assert cli.main(["rollout", "-i", str(inventory), "--check", "-e", "profile=ep8 moefleet_max_unavailable=3"]) == 0
+
+
+@pytest.mark.parametrize("command", [["rollout", "--check"], ["rollout", "--yes"], ["deploy", "--yes"],
+                                     ["deploy", "--check"]])
+@pytest.mark.parametrize(("extra", "sentence"), [
+    ("confirm=1", "confirm is '1'; set it to yes or no (true/false work too), e.g. -e confirm=yes."),
+    ('{"moefleet_serial": [1, 0]}', "batch size 2 of moefleet_serial is 0, which Ansible takes as every host at once"),
+    ("moefleet_max_fail_percentage=150", "moefleet_max_fail_percentage is '150'; set it to a whole number from 0 to"),
+    ("moefleet_health_gate=maybe", "moefleet_health_gate is 'maybe', which is not a boolean"),
+])
+def test_the_runs_own_inputs_are_checked_before_anything_runs(fleet, inventory, capsys, command, extra, sentence):
+    adhoc, run = fleet
+    assert cli.main([*command, "-i", str(inventory), "-e", "profile=ep8", "-e", extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"moefleet {command[0]}: {sentence}") and "Traceback" not in err
+    assert adhoc.calls == [] and run.calls == []
+
+
+def test_confirm_true_reaches_the_playbook_as_yes(fleet, inventory, tmp_path):
+    adhoc, run = fleet
+    assert cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8 confirm=True", "--report",
+                     str(tmp_path / "r")]) == 0
+    assert adhoc.calls == [] and run.calls[0][2]["confirm"] == "yes"  # the words rollout.yml's question reads
 
 
 def test_refused_at_confirmation_without_a_terminal_names_the_right_hosts(fleet, inventory, tmp_path, capsys):
@@ -513,6 +578,8 @@ def test_run_adhoc_runs_one_module_with_the_rollouts_configuration(monkeypatch, 
         return type("R", (), {"status": "failed", "rc": 4})()
 
     monkeypatch.setattr(ansible_runner, "run", fake_run)
+    monkeypatch.chdir(collection.ROOT)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
     result = REAL_RUN_ADHOC("ansible.builtin.setup", "filter=ansible_local", inventory, "blackwell", "lab-1",
                             {"a": 1})
     assert result == runner.AdhocResult({"lab-1": {"msg": 1}}, {"lab-2": "no route"}, {"lab-3": "bad"}, "failed", 4)

@@ -59,7 +59,7 @@ class FakeStatus:
         self.hosts, self.events, self.rc = hosts, list(events), rc
         self.calls: list[dict] = []
 
-    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None):
+    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
         runner.inventory_path(inventory)
         self.calls.append({"name": name, "inventory": inventory, "limit": limit})
         for item in self.events:
@@ -123,7 +123,7 @@ def test_down_and_failed_hosts_are_named_in_the_summary(monkeypatch, inventory, 
 def test_limit_reaches_ansible_and_inventory_defaults_to_ansible_cfgs(monkeypatch, inventory, capsys):
     fake = FakeStatus(fleet()[:1])
     monkeypatch.setattr(runner, "run_playbook", fake)
-    monkeypatch.setattr(runner, "default_inventory", lambda: inventory)  # the lab's exists only while it is up
+    monkeypatch.setattr(runner, "default_inventories", lambda: [inventory])  # the lab's exists only while it is up
     assert cli.main(["status", "--limit", "lab-1"]) == 0
     assert fake.calls == [{"name": "status.yml", "inventory": None, "limit": "lab-1"}]
 
@@ -189,7 +189,7 @@ class FakeAdhoc:
         self.ok, self.unreachable = ok or {}, unreachable or {}
         self.calls: list[tuple] = []
 
-    def __call__(self, module, module_args, inventory, pattern, limit=None, extravars=None):
+    def __call__(self, module, module_args, inventory, pattern, limit=None, extravars=None, vault=None):
         self.calls.append((module, module_args, inventory, pattern))
         return runner.AdhocResult(self.ok, self.unreachable, {}, "successful", 0)
 

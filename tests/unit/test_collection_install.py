@@ -4,6 +4,7 @@ directory outside it, an inventory of its own, the clone's collections path hidd
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -108,3 +109,47 @@ def test_the_cli_finds_the_catalog_in_the_installed_collection(installed):
     assert out.splitlines()[0] == str(tmp / "collections" / "ansible_collections" / "moefleet" / "serving")
     assert "tp8" in out and "fits" in out
 
+
+
+# The CLI off the clone, run where the operator keeps an ansible.cfg and an inventory of their own: the installed
+# collection's playbooks and filters under the operator's configuration (the plan's two read-only ad-hoc runs
+# contact only local-connection hosts, reading their local facts).
+CLI_OFF_THE_CLONE_ARGS = """
+import sys
+sys.path = [p for p in sys.path if not p.endswith(".ansible/collections")]
+from moefleet.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+LOCAL_FLEET = """\
+blackwell:
+  hosts:
+    gpu-1:
+    gpu-2:
+    gpu-3:
+    gpu-4:
+  vars:
+    ansible_connection: local
+    ansible_python_interpreter: "{{ ansible_playbook_python }}"
+    sglang_profile: tp2ep4
+routers:
+  hosts:
+    router-1:
+      ansible_connection: local
+"""
+
+
+def test_the_cli_plans_a_rollout_from_the_installed_collection_with_the_operators_config(installed, tmp_path):
+    _, env = installed
+    (tmp_path / "ansible.cfg").write_text("[defaults]\ninventory = fleet.yml\n")
+    (tmp_path / "fleet.yml").write_text(LOCAL_FLEET)
+    env = {k: v for k, v in env.items() if k != "ANSIBLE_CONFIG"}  # ./ansible.cfg is the one Ansible finds
+    args = ["rollout", "-e", "moefleet_max_unavailable=25%", "--check", "--json"]
+    plan = json.loads(run([sys.executable, "-c", CLI_OFF_THE_CLONE_ARGS, *args], tmp_path, env))
+    assert plan["inventory"] == str(tmp_path / "fleet.yml")
+    assert (plan["serial"], plan["behind_routers"], plan["batches"]) == (["25%"], True, 4)
+    assert [row["change"] for row in plan["hosts"]] == ["install and start tp2ep4 (no moefleet facts: a new host)"] * 4
+    refused = subprocess.run([sys.executable, "-c", CLI_OFF_THE_CLONE_ARGS, "rollout", "-e",
+                              "moefleet_max_unavailable=0", "--check"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "moefleet_max_unavailable is '0', which Ansible takes" in refused.stderr
