@@ -7,8 +7,11 @@ falls back) under the same load: no request fails, the rollout stops, and the ca
 request from the moment it was taken out of the router.
 The workers decode on a slow clock (SGLANG_SIM_SERVE_TIME_SCALE=10: a 200-token answer streams for about a
 second), so requests are in flight whenever a host is drained; they start on a fast one. Then (3) the
-rollout's confirmation fails on the hosts that would restart only, and (4) a plain systemctl stop of a
-serving worker finishes the requests in flight (KillMode=mixed) where KillMode=control-group cuts them.
+rollout's confirmation fails on the hosts that would restart only, (4) a plain systemctl stop of a
+serving worker finishes the requests in flight (KillMode=mixed) where KillMode=control-group cuts them, (5) a
+bench sweep of a worker measures the address it binds, out of the router, and puts it back, and (6) uninstall
+takes a host out of the router first. The workers require an API key and the gateway has it, as in the example
+inventory.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +31,7 @@ import jsonschema
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from playbook import ROOT, run_playbook, ssh_config_path  # noqa: E402
+from playbook import ROOT, on_host, run_playbook, ssh_config_path  # noqa: E402
 from router_load import Load, percentile  # noqa: E402
 
 pytestmark = pytest.mark.lab
@@ -333,6 +337,100 @@ def test_a_plain_stop_finishes_the_requests_in_flight(routed_lab):
     finally:
         _ssh(inventory, host, f"rm -f {slow} && systemctl daemon-reload && systemctl start sglang.service")
     _wait_serving(url)
+
+
+class RouterWatch(threading.Thread):
+    """Every half second: whether the router lists the worker, and one short request through the router (a
+    client of the gateway; answered or not)."""
+
+    def __init__(self, router_url: str, worker_url: str) -> None:
+        super().__init__(daemon=True)
+        self.router_url, self.worker_url = router_url, worker_url
+        self.samples: list[tuple[float, bool | None]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            body = json.dumps({"model": "kimi-k2.6", "max_tokens": 1,  # a prompt of its own: see _routed_to
+                               "messages": [{"role": "user", "content": f"{time.monotonic_ns()} hi"}]}).encode()
+            now = time.time()
+            try:
+                listed = any(w["url"] == self.worker_url for w in _router_workers(self.router_url))
+            except (OSError, ValueError):
+                listed = None
+            self.samples.append((now, listed))
+            req = urllib.request.Request(f"{self.router_url}/v1/chat/completions", data=body,
+                                         headers={"content-type": "application/json",
+                                                  "Authorization": f"Bearer {WORKER_KEY}"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    resp.read()
+            except (OSError, ValueError):
+                pass
+            self.done.wait(0.5)
+
+
+def test_a_bench_sweep_measures_the_bind_address_out_of_the_router(routed_lab, tmp_path):
+    """playbooks/bench.yml on a worker behind the gateway: bench_serving measures the address the worker binds
+    (not 127.0.0.1, which it refuses), the host is out of the router from before its first restart to after the
+    restore, then back in it, ready, serving what it served before (ep8, from the first test)."""
+    inventory, router_url = routed_lab
+    host = WORKERS[2]
+    worker_url = _worker_urls(inventory)[host]
+    worker_ip = worker_url.removeprefix("http://").rsplit(":", 1)[0]
+    router_ip = router_url.removeprefix("http://").rsplit(":", 1)[0]
+    # The worker binds its lab address only: a client at 127.0.0.1 (the sweep's address before) is refused.
+    probe = "python3 -c \"import urllib.request as u; u.urlopen('http://{}:30000/health', timeout=5)\" && echo served"
+    assert on_host(inventory, host, probe.format(worker_ip)).strip().endswith("served")
+    assert "Connection refused" in on_host(inventory, host, probe.format("127.0.0.1"))
+    since = time.time()  # the lab's hosts share this machine's clock
+    watch = RouterWatch(router_url, worker_url)
+    watch.start()
+    try:
+        result = run_playbook(inventory, "playbooks/bench.yml", EXTRA, json.dumps({
+            "profiles": ["tp8"], "bench_ladder": [1], "bench_input_len": 64, "bench_output_len": 32,
+            "bench_prompts_min": 2, "bench_report_dir": str(tmp_path)}), options=("-l", host), timeout=900)
+    finally:
+        watch.done.set()
+        watch.join(30)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    (report_file,) = tmp_path.glob("bench-*.json")
+    report = json.loads(report_file.read_text())
+    assert [(p["profile"], p["status"]) for p in report["profiles"]] == [("tp8", "ok")]
+    assert report["workload"]["server_url"] == worker_url
+
+    # The worker's runs (systemd invocations), each with its journal lines: the one that served before the sweep,
+    # then the starts since: tp8's, then the restored ep8's (the last).
+    journal = [json.loads(line) for line in on_host(
+        inventory, host, "journalctl -u sglang.service -o json --no-pager").splitlines() if line.startswith("{")]
+    invocations: dict[str, list[tuple[float, str]]] = {}
+    for entry in journal:
+        if entry.get("_SYSTEMD_INVOCATION_ID"):
+            invocations.setdefault(entry["_SYSTEMD_INVOCATION_ID"], []).append(
+                (int(entry["__REALTIME_TIMESTAMP"]) / 1e6, str(entry.get("MESSAGE"))))
+    runs = sorted(invocations.values(), key=lambda lines: lines[0][0])
+    before = [lines for lines in runs if lines[0][0] <= since][-1]
+    started = [lines for lines in runs if lines[0][0] > since]
+    assert len(started) >= 2, [lines[0] for lines in started]
+    measured = [message for lines in started[:-1] for _, message in lines]
+
+    def routed(lines):
+        return [m for _, m in lines if f"INFO:     {router_ip}:" in m and '"POST ' in m]
+
+    # bench_serving reached the server at its lab address (from the worker itself), ...
+    assert any(f"INFO:     {worker_ip}:" in m and '"POST /generate HTTP/1.1" 200' in m for m in measured)
+    # ... and the router, which sent its clients' requests to the worker before the sweep and again after it,
+    # sent the sweep's starts none: it did not list the worker from before the first restart to after the last.
+    assert routed(before) and routed(started[-1])
+    assert not [m for lines in started[:-1] for m in routed(lines)]
+    first, last = started[0][0][0], started[-2][-1][0]
+    assert any(listed for t, listed in watch.samples if t < first), "the router listed the worker before"
+    assert not [t for t, listed in watch.samples if first <= t <= last and listed], "a router listed the worker"
+    # Back in the router, ready, serving ep8 again.
+    assert [(w["status"], w["is_healthy"]) for w in _router_workers(router_url) if w["url"] == worker_url] == [
+        ("ready", True)]
+    facts = json.loads(on_host(inventory, host, "cat /etc/ansible/facts.d/moefleet.fact"))
+    assert (facts["serving_profile"], facts["outcome"]) == ("ep8", "ready")
 
 
 def test_uninstall_takes_the_host_out_of_the_router_first(routed_lab):
