@@ -156,3 +156,24 @@ def test_extra_flags_sglang_would_refuse_are_refused_before_any_host(inventory):
                      "sglang_service_extra_flags/tp_size: tp_size changes the GPU layout",
                      "sglang_service_port is '99999' for unreachable-1; set it to a whole number from 1 to 65535."):
         assert sentence in out, sentence
+
+
+def test_a_gateway_without_the_workers_key_is_refused_naming_hosts_not_keys(tmp_path):
+    """Workers with a key behind routers without it: smg would list them ready and answer 404 for the model."""
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  children:\n    blackwell:\n      hosts:\n        unreachable-1:\n"
+                    "          ansible_host: 192.0.2.1\n          sglang_profile: tp8\n"
+                    "          sglang_model_source: prestaged\n          sglang_service_api_key: sk-sentinel-7f3a\n"
+                    "    routers:\n      hosts:\n        router-1:\n          ansible_host: 192.0.2.2\n"
+                    "          sglang_router_admin_key: admin-sentinel-0123456789\n")
+    run = run_playbook(path, "playbooks/validate.yml", timeout=60)
+    out = refused(run)
+    assert ("The workers unreachable-1 require an API key (sglang_service_api_key) that the routers (router-1) do "
+            "not send them: set sglang_router_worker_api_key") in out
+    assert "sk-sentinel-7f3a" not in run.stdout + run.stderr
+    # the same key on both sides passes this check
+    keyed = path.read_text() + "          sglang_router_worker_api_key: sk-sentinel-7f3a\n"
+    path.write_text(keyed)
+    run = run_playbook(path, "playbooks/validate.yml", timeout=60)
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert "sk-sentinel-7f3a" not in run.stdout + run.stderr
