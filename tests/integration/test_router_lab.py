@@ -392,7 +392,7 @@ def test_a_bench_sweep_measures_the_bind_address_out_of_the_router(routed_lab, t
     try:
         result = run_playbook(inventory, "playbooks/bench.yml", EXTRA, json.dumps({
             "profiles": ["tp8"], "bench_ladder": [1], "bench_input_len": 64, "bench_output_len": 32,
-            "bench_prompts_min": 2, "bench_report_dir": str(tmp_path)}), options=("-l", host), timeout=900)
+            "bench_prompts_min": 2, "bench_report_dir": str(tmp_path), "bench_host": host}), timeout=900)
     finally:
         watch.done.set()
         watch.join(30)
