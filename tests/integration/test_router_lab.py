@@ -412,7 +412,6 @@ def test_a_bench_sweep_measures_the_bind_address_out_of_the_router(routed_lab, t
             invocations.setdefault(entry["_SYSTEMD_INVOCATION_ID"], []).append(
                 (int(entry["__REALTIME_TIMESTAMP"]) / 1e6, str(entry.get("MESSAGE"))))
     runs = sorted(invocations.values(), key=lambda lines: lines[0][0])
-    before = [lines for lines in runs if lines[0][0] <= since][-1]
     started = [lines for lines in runs if lines[0][0] > since]
     assert len(started) >= 2, [lines[0] for lines in started]
     measured = [message for lines in started[:-1] for _, message in lines]
@@ -424,7 +423,9 @@ def test_a_bench_sweep_measures_the_bind_address_out_of_the_router(routed_lab, t
     assert any(f"INFO:     {worker_ip}:" in m and '"POST /generate HTTP/1.1" 200' in m for m in measured)
     # ... and the router, which sent its clients' requests to the worker before the sweep and again after it,
     # sent the sweep's starts none: it did not list the worker from before the first restart to after the last.
-    assert routed(before) and routed(started[-1])
+    # (the run before the sweep was restarted by the stop test and may have had no router request since: the
+    # router listing it before the sweep stands for it)
+    assert routed(started[-1])
     assert not [m for lines in started[:-1] for m in routed(lines)]
     first, last = started[0][0][0], started[-2][-1][0]
     assert any(listed for t, listed in watch.samples if t < first), "the router listed the worker before"
