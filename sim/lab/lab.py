@@ -225,8 +225,8 @@ def host_options() -> list[str]:
 
 
 def host_options_label() -> str:
-    # "static-ip": hosts made before each got an address of its own (run_host) are made again by `up`.
-    return hashlib.sha256(json.dumps([*host_options(), "static-ip"]).encode()).hexdigest()[:12]
+    # "static-ip-mac": hosts made before each got an address and a MAC of its own (run_host) are made again by `up`.
+    return hashlib.sha256(json.dumps([*host_options(), "static-ip-mac"]).encode()).hexdigest()[:12]
 
 
 def static_ip() -> str:
@@ -247,12 +247,19 @@ def static_ip() -> str:
     raise SystemExit(f"lab: no free address left in {subnet}")
 
 
+def static_mac(ip: str) -> str:
+    """The host's MAC, fixed as a real NIC's is (locally administered, from its address): with a new one at each
+    start, the machine's neighbour cache kept the old one for the address and a rebooted host was unreachable
+    for about 30 s."""
+    return "02:42:" + ":".join(f"{int(part):02x}" for part in ip.split("."))
+
+
 def run_host(name: str, lab: str, tag: str, release: str) -> None:
     ip = static_ip()
     podman("run", "-d", "--name", name, "--hostname", name.removeprefix(f"{PREFIX}-"),
            "--label", f"moefleet.lab={lab}", "--label", f"moefleet.host-options={host_options_label()}",
            "--label", f"moefleet.os={release}", "--label", f"moefleet.ip={ip}",
-           "--network", NETWORK, "--ip", ip, "--systemd", "always", *host_options(),
+           "--network", NETWORK, "--ip", ip, "--mac-address", static_mac(ip), "--systemd", "always", *host_options(),
            "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)
 
 

@@ -50,3 +50,10 @@ def test_a_new_host_gets_an_address_from_the_top_that_no_host_holds(monkeypatch)
     })
     monkeypatch.setattr(lab, "container_ip", lambda name: "10.89.7.249")
     assert lab.static_ip() == "10.89.7.248"
+
+
+def test_a_host_keeps_its_mac_as_a_nic_does():
+    """A new MAC at each start left the machine's neighbour cache on the old one: ssh timed out for ~30 s."""
+    lab = load_lab()
+    assert lab.static_mac("10.89.166.250") == "02:42:0a:59:a6:fa"
+    assert lab.static_mac("10.89.7.2") != lab.static_mac("10.89.7.3")
