@@ -9,6 +9,8 @@
                                        --os gives each host its release in turn (L-1 the first, ...);
                                        --router adds host L-router in group routers (the model gateway,
                                        roles/sglang_router) and binds the workers to their lab address
+    lab.py reboot HOST                 reboot lab host HOST (e.g. lab-1): the container restarts, systemd boots
+                                       again with a new /dev, and only the host's own units set it up again
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
     lab.py status                      list the lab's containers and addresses
     lab.py ssh-config [--inventory P]  print the path of the ssh_config written for that inventory's hosts
@@ -48,7 +50,9 @@ NETWORK = f"{PREFIX}-net-{LAB_ID[:8]}"
 MIRROR = f"{PREFIX}-mirror"
 MIRROR_PORT = 8080
 INVENTORY = REPO / "inventory" / "sim" / "hosts.yml"
-# A lab host's /dev/nvidia* (8 GPUs), with the majors this machine's kernel would give the driver.
+# The driver's device nodes of a lab host (8 GPUs), with the majors this machine's kernel would give the driver:
+# the container may make and open nodes on those majors (host_options), and the simulated nvidia-modprobe finds
+# nvidia-uvm's there (proc_devices_lines). The lab makes none of them itself: the driver role's unit does.
 GPU_NODES = devnodes.nodes(8, devnodes.read_proc_devices())
 SSH_KEY = LAB / "ssh" / "id_ed25519"
 SSH_CONFIGS = LAB / "ssh_config"
@@ -212,35 +216,119 @@ def host_options() -> list[str]:
     CAP_SYS_ADMIN lets the hosts' systemd build the mount namespaces of a unit's sandbox
     (ProtectSystem=, ReadWritePaths=, PrivateTmp=, ProtectHome=, ...); without it systemd skips them
     silently. CAP_SYS_PTRACE gives root what it has on a real host over other users' processes (nsenter
-    into a service's namespace, /proc/PID/ns). The device-cgroup rules let the container open character
-    devices on the NVIDIA driver's majors, so the stand-in /dev/nvidia* nodes (GPU_NODES) behave as real
-    ones up to the driver."""
+    into a service's namespace, /proc/PID/ns). The device-cgroup rules let the container make and open
+    character devices on the NVIDIA driver's majors, so the /dev/nvidia* nodes the driver role's unit makes
+    with the simulated nvidia-modprobe (GPU_NODES' numbers) behave as real ones up to the driver."""
     majors = sorted({major for _, major, _, _ in GPU_NODES})
     rules = [arg for major in majors for arg in ("--device-cgroup-rule", f"c {major}:* rwm")]
     return ["--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", *rules]
 
 
 def host_options_label() -> str:
-    return hashlib.sha256(json.dumps(host_options()).encode()).hexdigest()[:12]
+    # "static-ip-mac": hosts made before each got an address and a MAC of its own (run_host) are made again by `up`.
+    return hashlib.sha256(json.dumps([*host_options(), "static-ip-mac"]).encode()).hexdigest()[:12]
+
+
+def static_ip() -> str:
+    """An address of the lab network for a new host, kept for the container's life as a real host keeps its own
+    across reboots: podman hands a container a new address at each start otherwise (a `lab.py reboot` then left
+    the inventory, and a unit bound to the old address, pointing nowhere). Taken from the top of the subnet down,
+    away from the addresses podman hands out from the bottom (the mirror's), skipping every lab host's."""
+    subnet = json.loads(podman("network", "inspect", NETWORK).stdout)[0]["subnets"][0]["subnet"]
+    prefix = subnet.split("/")[0].rsplit(".", 1)[0]
+    taken = set()
+    for name, info in lab_containers().items():
+        taken.add((info.get("Labels") or {}).get("moefleet.ip", ""))
+        if info.get("State") == "running" and NETWORK in (info.get("Networks") or []):
+            taken.add(container_ip(name))
+    for last in range(250, 1, -1):
+        if f"{prefix}.{last}" not in taken:
+            return f"{prefix}.{last}"
+    raise SystemExit(f"lab: no free address left in {subnet}")
+
+
+def static_mac(ip: str) -> str:
+    """The host's MAC, fixed as a real NIC's is (locally administered, from its address): with a new one at each
+    start, the machine's neighbour cache kept the old one for the address and a rebooted host was unreachable
+    for about 30 s."""
+    return "02:42:" + ":".join(f"{int(part):02x}" for part in ip.split("."))
 
 
 def run_host(name: str, lab: str, tag: str, release: str) -> None:
+    ip = static_ip()
     podman("run", "-d", "--name", name, "--hostname", name.removeprefix(f"{PREFIX}-"),
            "--label", f"moefleet.lab={lab}", "--label", f"moefleet.host-options={host_options_label()}",
-           "--label", f"moefleet.os={release}",
-           "--network", NETWORK, "--systemd", "always", *host_options(),
+           "--label", f"moefleet.os={release}", "--label", f"moefleet.ip={ip}",
+           "--network", NETWORK, "--ip", ip, "--mac-address", static_mac(ip), "--systemd", "always", *host_options(),
            "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)
 
 
+# systemd makes the root mount shared at boot on a real host but not in a container; a lab host's own unit does
+# it at each boot (a reboot included), before any service: credentials of LoadCredential= reach a sandboxed unit
+# by mount propagation, and with a private root they end up in a directory only root can read.
+SHARED_ROOT_UNIT = """[Unit]
+Description=Make / a shared mount, as systemd does on a real host (moefleet simulated lab)
+DefaultDependencies=no
+Before=sysinit.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/mount --make-rshared /
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def proc_devices_lines() -> str:
+    """The lines the NVIDIA driver's dynamic majors would add to /proc/devices (the kernel's, which a container
+    cannot change): the simulated nvidia-modprobe (sim/mirrors) reads nvidia-uvm's major there, as the real one
+    reads /proc/devices. The same majors as GPU_NODES, which the container's device-cgroup rules allow."""
+    majors = {rel: major for rel, major, _, _ in GPU_NODES}
+    return f"{majors['nvidia-caps/nvidia-cap1']} nvidia-caps\n{majors['nvidia-uvm']} nvidia-uvm\n"
+
+
 def prepare_host(name: str) -> None:
-    """At every start of a host: the root mount shared, as systemd makes it on a real host but not in a
-    container (credentials of LoadCredential= reach a sandboxed unit by mount propagation; with a private
-    root they end up in a directory only root can read); and the driver's device nodes, since a
-    container's /dev is new each time."""
-    script = "mount --make-rshared /; " + "".join(f"mkdir -p $(dirname /dev/{rel}); "
-                     f"[ -e /dev/{rel} ] || mknod -m {mode:04o} /dev/{rel} c {major} {minor}; "
-                     for rel, major, minor, mode in GPU_NODES)
+    """At every `up`: what stands in for the host's hardware and boot, never for what the roles install. The
+    shared-root unit (SHARED_ROOT_UNIT, enabled, and run now for this boot) and the driver's /proc/devices lines
+    (/etc/sim-gpu/proc-devices). No /dev/nvidia* node: a container's /dev is new at each start and, as on a real
+    host, the driver role's nvidia-uvm-devices.service makes the nodes (with the simulated nvidia-modprobe) when
+    the role runs and at every boot after."""
+    unit = "/etc/systemd/system/moefleet-lab-shared-root.service"
+    script = (f"mkdir -p /etc/sim-gpu && printf '%s' '{proc_devices_lines()}' > /etc/sim-gpu/proc-devices && "
+              f"printf '%s' '{SHARED_ROOT_UNIT}' > {unit} && "
+              f"ln -sf {unit} /etc/systemd/system/sysinit.target.wants/ && mount --make-rshared /")
     podman("exec", name, "sh", "-c", script)
+
+
+def reboot(host: str, timeout: float = 120) -> None:
+    """Reboot one lab host: podman restart stops the container the way a shutdown does (SIGRTMIN+3 to systemd,
+    which stops every unit), then starts it again: systemd boots from scratch with a new /dev and /run. Nothing of
+    prepare_host runs: what the host needs after a boot, its own units must do. Returns once systemd says the boot
+    finished (running or degraded), printing the host's failed units if any."""
+    name = host if host.startswith(f"{PREFIX}-") else f"{PREFIX}-{host}"
+    if name not in lab_containers():
+        raise SystemExit(f"lab: no lab host {host}; `lab.py status` lists them")
+    before = container_ip(name) if lab_containers()[name]["State"] == "running" else None
+    started = time.monotonic()
+    podman("restart", "-t", "30", name)
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        result = podman("exec", name, "systemctl", "is-system-running", "--wait", check=False)
+        state = result.stdout.strip()
+        if state in ("running", "degraded"):
+            break
+        time.sleep(1)
+    else:
+        raise SystemExit(f"lab: {host} did not finish booting within {timeout:.0f} s (systemd says {state!r})")
+    after = container_ip(name)
+    if before and after != before:
+        raise SystemExit(f"lab: {host} came back on {after}, not {before}: run `lab.py up` to rewrite the inventory")
+    failed = podman("exec", name, "systemctl", "--failed", "--no-legend", "--plain", check=False).stdout.strip()
+    log(f"rebooted {host} in {time.monotonic() - started:.1f} s (systemd: {state})"
+        + (f"; failed units:\n{failed}" if failed else ""))
 
 
 def ensure_mirror(tag: str) -> str:
@@ -476,6 +564,8 @@ def main() -> None:
     down_p.add_argument("--name", default="lab")
     down_p.add_argument("--all", action="store_true", help="every lab, the mirror and the network")
     down_p.add_argument("--inventory", type=Path, default=INVENTORY)
+    reboot_p = sub.add_parser("reboot", help="reboot a lab host: container restarted, systemd boots again")
+    reboot_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
     sub.add_parser("status")
     ssh_p = sub.add_parser("ssh-config", help="print the path of the ssh_config for an inventory's hosts")
     ssh_p.add_argument("--inventory", type=Path, default=INVENTORY)
@@ -491,6 +581,8 @@ def main() -> None:
         up(args.name, args.hosts, args.inventory.resolve(), args.os, args.router)
     elif args.cmd == "down":
         down(None if args.all else args.name, args.inventory.resolve())
+    elif args.cmd == "reboot":
+        reboot(args.host)
     else:
         status()
 

@@ -357,31 +357,64 @@ def family(distro: str) -> str:
     return "ubuntu" if distro.startswith("ubuntu") else "debian"
 
 
-# nvidia-modprobe stand-in. The real one is setuid root: it loads nvidia / nvidia-uvm and creates their
-# device nodes on behalf of CUDA programs. Under NoNewPrivileges= (or nosuid) the setuid bit is ignored,
-# so a process without CAP_SYS_MODULE / CAP_MKNOD gets nothing and it exits 1 without a word, as here.
+# nvidia-modprobe stand-in. The real one is setuid root: it loads nvidia / nvidia-uvm / nvidia-modeset and creates
+# their device nodes on behalf of CUDA programs, and at boot for the driver role's nvidia-uvm-devices.service. As
+# in NVIDIA's source (nvidia-modprobe.c): -c=N makes /dev/nvidiaN (N=255: /dev/nvidiactl) on major 195; with -u
+# the minors are nvidia-uvm's instead (-u -c=0: /dev/nvidia-uvm and /dev/nvidia-uvm-tools, minors 0 and 1 of
+# the major /proc/devices gives nvidia-uvm); -m makes /dev/nvidia-modeset (195:254). An existing node of the
+# right type and number is kept, anything else there is replaced; a node it cannot make fails it (exit 1), as
+# does everything it does not simulate (NVSwitch, NVLink, MIG capabilities, IMEX). Under NoNewPrivileges= (or
+# nosuid) the setuid bit is ignored, so a process without CAP_SYS_MODULE / CAP_MKNOD gets nothing and it exits
+# 1 without a word, as here. The lab's kernel has no nvidia-uvm in /proc/devices: the major comes from the
+# lab's stand-in of the driver's lines there, /etc/sim-gpu/proc-devices (sim/lab/lab.py writes it).
 NVIDIA_MODPROBE = r"""#!/bin/sh
 # nvidia-modprobe stand-in (moefleet simulated lab): no kernel module exists in a container.
-uvm=0; minors=""
-for arg in "$@"; do
-  case "$arg" in
+uvm=0; modeset=0; minors=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     -u|--unified-memory) uvm=1 ;;
-    -c=*) minors="$minors ${arg#-c=}" ;;
-    -c*) minors="$minors ${arg#-c}" ;;
+    -m|--modeset) modeset=1 ;;
+    -c=*|--create-nvidia-device-file=*) minors="$minors ${1#*=}" ;;
+    -c|--create-nvidia-device-file) shift; minors="$minors ${1:-x}" ;;
+    -c*) minors="$minors ${1#-c}" ;;
     --version|-v) echo "nvidia-modprobe:  version {version} (simulated)"; exit 0 ;;
+    *) exit 1 ;;
   esac
+  shift
+done
+for m in $minors; do
+  case "$m" in ''|*[!0-9]*) exit 1 ;; esac
+  [ "$m" -le 255 ] || exit 1
 done
 # The real tool needs root (its setuid bit, which NoNewPrivileges= voids) to load modules and mknod.
 [ "$(id -u)" = 0 ] || exit 1
-node() {  # a character device where the container may make one, else a stand-in file
-  [ -e "$1" ] && return 0
-  mknod -m 666 "$1" c "$2" "$3" 2>/dev/null || install -m 666 /dev/null "$1"
+dev=${SIM_GPU_DEV_DIR:-/dev}
+run=${SIM_GPU_RUN_DIR:-/run/sim-gpu}
+loaded() {  # the module the real tool would load, for tests to see
+  mkdir -p "$run" || exit 1
+  grep -qx "$1" "$run/modules" 2>/dev/null || echo "$1" >> "$run/modules"
 }
-for m in $minors; do node "/dev/nvidia$m" 195 "$m"; done
-[ -n "$minors" ] && node /dev/nvidiactl 195 255
+node() {  # PATH MAJOR MINOR: a character device, mode 0666 (NVreg_DeviceFileMode), owned by root
+  if [ ! -c "$1" ] || [ "$(stat -c %t:%T "$1")" != "$(printf %x:%x "$2" "$3")" ]; then
+    rm -f "$1" && mknod -m 666 "$1" c "$2" "$3" || exit 1
+  fi
+  chmod 666 "$1" && chown 0:0 "$1" || exit 1
+}
 if [ "$uvm" = 1 ]; then
-  mkdir -p /run/sim-gpu && echo nvidia_uvm > /run/sim-gpu/modules
-  node /dev/nvidia-uvm 511 0 && node /dev/nvidia-uvm-tools 511 1
+  loaded nvidia_uvm
+  major=$(cat /proc/devices "${SIM_GPU_PROC_DEVICES:-/etc/sim-gpu/proc-devices}" 2>/dev/null \
+          | awk '$2 == "nvidia-uvm" { print $1; exit }')
+  [ -n "$major" ] || exit 1
+  for m in $minors; do node "$dev/nvidia-uvm" "$major" "$m"; node "$dev/nvidia-uvm-tools" "$major" $((m + 1)); done
+else
+  loaded nvidia
+  for m in $minors; do
+    if [ "$m" = 255 ]; then node "$dev/nvidiactl" 195 255; else node "$dev/nvidia$m" 195 "$m"; fi
+  done
+fi
+if [ "$modeset" = 1 ]; then
+  loaded nvidia_modeset
+  node "$dev/nvidia-modeset" 195 254
 fi
 exit 0
 """
@@ -444,8 +477,8 @@ def driver_packages(drv: Driver, smi: bytes, arch: str) -> list[Package]:
                       "nvidia-persistenced.service (not enabled by the package: the role enables it).")
     pkgs.append(Package(
         name="nvidia-modprobe", version=v, arch=arch, summary="Load the NVIDIA kernel modules and create device nodes",
-        details="Stand-in of the setuid helper: as root it makes /dev/nvidia* stand-ins (-c=N) and\n"
-                "/dev/nvidia-uvm* (-u); without root (NoNewPrivileges voids setuid) it exits 1.",
+        details="Stand-in of the setuid helper: as root -c=N makes /dev/nvidiaN (255: nvidiactl), -u -c=0\n"
+                "/dev/nvidia-uvm*, -m /dev/nvidia-modeset; without root (NoNewPrivileges voids setuid) it exits 1.",
         files={"usr/bin/nvidia-modprobe": (NVIDIA_MODPROBE.replace("{version}", up).encode(), 0o755),
                **doc("nvidia-modprobe", f"nvidia-modprobe {v} (simulated).")},
         section="NVIDIA"))
