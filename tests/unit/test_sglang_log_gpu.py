@@ -257,6 +257,19 @@ def test_the_device_check_refusing_a_start_decides_at_once(nodes):
     assert classify(lines) == verdict
 
 
+def test_the_device_checks_own_sentence_is_the_one_the_classifier_knows(tmp_path):
+    """Run the unit's check itself (roles/sglang_service/files/sglang-device-check) with a node missing: its
+    output, as the journal shows it, is classified gpu_unavailable, so the two cannot drift apart."""
+    import subprocess  # noqa: PLC0415
+
+    script = REPO / "roles" / "sglang_service" / "files" / "sglang-device-check"
+    run = subprocess.run(["sh", str(script), "/dev/null", str(tmp_path / "nvidia3")], capture_output=True, text=True)
+    assert run.returncode == 1 and str(tmp_path / "nvidia3") in run.stderr
+    line = f"Apr 02 06:58:03.100211 gpu-01 sglang-device-check[1870]: {run.stderr.strip()}"
+    verdict = classify([line, *DEVICE_CHECK[1:]])
+    assert (verdict.state, verdict.cause) == ("crashed", "gpu_unavailable"), verdict
+
+
 @pytest.mark.parametrize("line", FAULT_LINES)
 def test_a_gpu_that_fails_running_a_kernel_is_a_gpu_fault(line):
     verdict = classify([MARKER, line])
