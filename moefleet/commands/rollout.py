@@ -359,8 +359,8 @@ def plan_rollout(
     )
     values = {**serve_play_vars(kind.playbook), **extravars}
     serial = playbook_inputs.play_serial(values, bool(first["routers"]))
-    behind_routers = bool(first["routers"]) and playbook_inputs.confirmed(values.get("moefleet_through_routers",
-                                                                                      False))
+    through = values.get("moefleet_through_routers", False)
+    behind_routers = bool(first["routers"]) and playbook_inputs.confirmed(through)
     rows, restart, unreachable, no_profile = [], [], [], []
     # cut as Ansible cuts them (and the report callback): playbook_inputs.batches
     for number, batch in enumerate(moefleet_report.serial_batches(order, serial), start=1):

@@ -180,8 +180,8 @@ def value_problem(name: str, value: Any, host: str | None = None) -> str | None:
                 f"hosts that may fail before the run stops (0: the first failure stops it), e.g. -e {name}=0.")
     if spec.kind == "yes_no":
         # playbooks/rollout.yml's confirmation reads yes and true only: 1/0 are not offered here.
-        if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("yes", "no", "true",
-                                                                                              "false")):
+        words = ("yes", "no", "true", "false")
+        if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in words):
             return None
         return f"{name} is {value!r}{where}; set it to yes or no (true/false work too), e.g. -e {name}=yes."
     return bool_problem(name, value, host)

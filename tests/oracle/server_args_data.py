@@ -18,6 +18,7 @@ import env  # noqa: E402
 import oracle  # noqa: E402
 
 TARGET = env.ROOT / "plugins" / "module_utils" / "sglang_server_args.py"
+WIDTH = 120  # ruff's line length (pyproject.toml); ansible-test's pep8 allows 160
 
 HEADER = '''"""The server arguments of SGLang {version} (``ServerArgs.add_cli_args``), as data, for checking
 ``sglang_service_extra_flags`` on the controller before any host is contacted.
@@ -43,7 +44,18 @@ def render(arguments: dict, version: str) -> str:
     for name in sorted(arguments):
         a = arguments[name]
         choices = None if a["choices"] is None else tuple(a["choices"])
-        lines.append(f"    {name!r}: ({a['kind']!r}, {a['type']!r}, {choices!r}, {tuple(a['options'])!r}),\n")
+        line = f"    {name!r}: ({a['kind']!r}, {a['type']!r}, {choices!r}, {tuple(a['options'])!r}),\n"
+        if len(line) <= WIDTH + 1:
+            lines.append(line)
+            continue
+        # one item a line (a long list of choices, of spellings), within the line length of make lint
+        lines.append(f"    {name!r}: (\n        {a['kind']!r}, {a['type']!r},\n")
+        for items in (choices, tuple(a["options"])):
+            if items is None:
+                lines.append("        None,\n")
+                continue
+            lines.append("        (\n" + "".join(f"            {item!r},\n" for item in items) + "        ),\n")
+        lines.append("    ),\n")
     lines.append("}\n")
     return "".join(lines)
 
