@@ -26,7 +26,7 @@ def run_playbook(inventory: str | Path, playbook: str | Path, *extra_vars: str, 
     return subprocess.run([*cmd, *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _lab():
+def lab_module():
     """sim/lab/lab.py as a module (loaded once): its ssh_config_path() is the one place that says where the
     ssh_config of an inventory's hosts lives."""
     if "moefleet_lab" not in sys.modules:
@@ -39,7 +39,7 @@ def _lab():
 
 def ssh_config_path(inventory: str | Path) -> Path:
     """The ssh_config sim/lab/lab.py wrote for this inventory's hosts (outside the inventory directory)."""
-    return _lab().ssh_config_path(Path(inventory))
+    return lab_module().ssh_config_path(Path(inventory))
 
 
 def on_host(inventory: str | Path, host: str, command: str, timeout: float = 300) -> str:

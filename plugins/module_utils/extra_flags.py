@@ -54,14 +54,21 @@ OWNED = {
 # hours later when it is not within (0, 1).
 FRACTIONS = frozenset({"mem_fraction_static", "swa_full_tokens_ratio", "prefill_delayer_token_usage_low_watermark"})
 
-# Inclusive bounds of whole-number arguments moefleet knows; any other whole number: SGLang's -1 up to a C int.
-INT_BOUNDS: dict[str, tuple[int, int]] = {
+# Inclusive bounds of SGLang's whole-number flags moefleet knows (the catalog's and the extra flags' checks, and
+# moefleet plan's): far above any single host, far below what breaks a unit file or SGLang's argument parser.
+FLAG_BOUNDS: dict[str, tuple[int, int]] = {
+    "tp_size": (1, 64),
+    "ep_size": (1, 64),
+    "pp_size": (1, 64),
+    "dp_size": (1, 64),
     "cuda_graph_max_bs": (1, 4096),
     "chunked_prefill_size": (-1, 1 << 20),
     "context_length": (1, 10 << 20),
     "max_running_requests": (1, 1 << 16),
     "watchdog_timeout": (1, 1 << 20),
+    "port": (1, 65535),
 }
+# Any other whole-number flag: SGLang's own -1 up to a C int.
 OTHER_INT_BOUNDS = (-1, (1 << 31) - 1)
 _INT_TEXT = re.compile(r"-?[0-9]+")
 # SGLang's human_readable_int (utils/common.py): SI suffixes with decimals, IEC suffixes without.
@@ -180,7 +187,7 @@ def _scalar_problem(name: str, kind_type: str, choices: tuple[str, ...] | None, 
         return f"{name} takes a {_WORDS.get(kind_type, kind_type)}, not {str(value).lower()}."
     if kind_type in ("int", "human_readable_int"):
         number = whole(value, kind_type)
-        low, high = INT_BOUNDS.get(name, OTHER_INT_BOUNDS)
+        low, high = FLAG_BOUNDS.get(name, OTHER_INT_BOUNDS)
         if number is None:
             return f"{value!r} is not a whole number; give {name} a whole number from {low} to {high}."
         if not low <= number <= high:

@@ -19,7 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.moefleet.serving.plugins.module_utils import planner
-from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import extra_flag_problems
+from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (
+    FLAG_BOUNDS,
+    OTHER_INT_BOUNDS,
+    extra_flag_problems,
+)
 
 
 class ProfileError(ValueError):
@@ -285,24 +289,6 @@ def name_problem(key: str, name: Any) -> str | None:
         f"{key}/{_printable(str(name))}: {name!r} is not a usable name; rename it to 1 to 40 lower-case letters, "
         "digits, '_' or '-', starting with a letter (it ends up in the unit's Description= and file names)."
     )
-
-
-# Inclusive bounds of SGLang's whole-number flags; far above any single host, far below what breaks a
-# unit file or SGLang's argument parser.
-FLAG_BOUNDS: dict[str, tuple[int, int]] = {
-    "tp_size": (1, 64),
-    "ep_size": (1, 64),
-    "pp_size": (1, 64),
-    "dp_size": (1, 64),
-    "cuda_graph_max_bs": (1, 4096),
-    "chunked_prefill_size": (-1, 1 << 20),
-    "context_length": (1, 10 << 20),
-    "max_running_requests": (1, 1 << 16),
-    "watchdog_timeout": (1, 1 << 20),
-    "port": (1, 65535),
-}
-# Any other whole-number flag (from sglang_service_extra_flags): SGLang's own -1 up to a C int.
-OTHER_INT_BOUNDS = (-1, (1 << 31) - 1)
 
 
 def flag_value_problems(path: str, flags: Mapping[str, Any]) -> list[str]:

@@ -4,23 +4,18 @@ use, and keeps each host's address across reboots."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
 
+from playbook import lab_module
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_lab():
-    spec = importlib.util.spec_from_file_location("lab_reboot_under_test", ROOT / "sim" / "lab" / "lab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_a_host_start_makes_no_device_node(monkeypatch):
-    lab = load_lab()
+    lab = lab_module()
     ran = []
     monkeypatch.setattr(lab, "podman", lambda *args, **kw: ran.append(args))
     lab.prepare_host("moefleet-x-1")
@@ -31,7 +26,7 @@ def test_a_host_start_makes_no_device_node(monkeypatch):
 
 
 def test_the_proc_devices_lines_name_the_majors_the_container_may_use():
-    lab = load_lab()
+    lab = lab_module()
     lines = dict(reversed(line.split()) for line in lab.proc_devices_lines().splitlines())
     rules = lab.host_options()
     for name in ("nvidia-uvm", "nvidia-caps"):
@@ -40,7 +35,7 @@ def test_the_proc_devices_lines_name_the_majors_the_container_may_use():
 
 
 def test_a_new_host_gets_an_address_from_the_top_that_no_host_holds(monkeypatch):
-    lab = load_lab()
+    lab = lab_module()
     network = [{"subnets": [{"subnet": "10.89.7.0/24", "gateway": "10.89.7.1"}]}]
     monkeypatch.setattr(lab, "podman",
                         lambda *args, **kw: subprocess.CompletedProcess(args, 0, json.dumps(network), ""))
@@ -54,6 +49,6 @@ def test_a_new_host_gets_an_address_from_the_top_that_no_host_holds(monkeypatch)
 
 def test_a_host_keeps_its_mac_as_a_nic_does():
     """A new MAC at each start left the machine's neighbour cache on the old one: ssh timed out for ~30 s."""
-    lab = load_lab()
+    lab = lab_module()
     assert lab.static_mac("10.89.166.250") == "02:42:0a:59:a6:fa"
     assert lab.static_mac("10.89.7.2") != lab.static_mac("10.89.7.3")

@@ -3,23 +3,17 @@ lab address (sglang_service_host); without --router the inventory is what it was
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import yaml
+from playbook import lab_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_lab():
-    spec = importlib.util.spec_from_file_location("lab_under_test", ROOT / "sim" / "lab" / "lab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_inventory_with_and_without_the_router(tmp_path, monkeypatch):
-    lab = load_lab()
+    lab = lab_module()
     monkeypatch.setattr(lab, "log", lambda msg: None)
     monkeypatch.setattr(lab, "SSH_CONFIGS", tmp_path / "lab-state" / "ssh_config")
     hosts = {"lab-1": "10.89.1.2", "lab-2": "10.89.1.3"}
@@ -37,7 +31,7 @@ def test_inventory_with_and_without_the_router(tmp_path, monkeypatch):
 
 def test_ssh_config_lives_outside_the_inventory_directory(tmp_path, monkeypatch):
     """ansible-playbook -i DIR parses every file in DIR: an ssh_config there gave ~20 lines of warnings."""
-    lab = load_lab()
+    lab = lab_module()
     monkeypatch.setattr(lab, "log", lambda msg: None)
     monkeypatch.setattr(lab, "SSH_CONFIGS", tmp_path / "lab-state" / "ssh_config")
     one, other = tmp_path / "one" / "hosts.yml", tmp_path / "other" / "one" / "hosts.yml"
