@@ -19,11 +19,12 @@ SETUP_STAMP := $(VENV)/.setup-done
 COLLECTIONS := $(CURDIR)/.ansible/collections
 COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/moefleet/serving
 
-.PHONY: help setup lint sanity ee-context test unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
+.PHONY: help setup lint sanity ee-context test check unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
 
 help:
 	@echo "make demo       set up, start the simulated lab, deploy profile $(PROFILE) on it"
-	@echo "make test       set up, lint, unit + integration tests, every molecule scenario"
+	@echo "make test       set up, lint, unit + integration tests, every molecule scenario (tests/suite.py)"
+	@echo "make check      lint, unit and oracle tests and one lab deploy: the edit-test loop"
 	@echo "make setup | lint | sanity | ee-context | unit | oracle | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
 
 setup: $(SETUP_STAMP)
@@ -75,17 +76,19 @@ oracle: setup oracle-env
 	$(BIN)/pytest -q -m oracle tests/oracle
 
 integration: setup sim-image sim-mirrors
-	$(BIN)/pytest -q -m lab tests
+	$(BIN)/python tests/suite.py --jobs 2 lab lab-router
 
 molecule: setup sim-image sim-mirrors
-	@mkdir -p $(LOGS)
-	@for f in molecule/*/molecule.yml; do s=$$(basename $$(dirname $$f)); \
-	  echo "molecule: scenario $$s (log: $(LOGS)/molecule-$$s.log)"; \
-	  $(BIN)/molecule test -s $$s > $(LOGS)/molecule-$$s.log 2>&1 \
-	  || { echo "molecule scenario $$s failed; last lines of $(LOGS)/molecule-$$s.log:" >&2; \
-	       tail -n 60 $(LOGS)/molecule-$$s.log >&2; exit 1; }; done
+	$(BIN)/python tests/suite.py --jobs 2 'molecule-*'
 
-test: lint unit oracle integration molecule
+# The whole suite: every job of tests/suite.py (lint, unit, oracle, the lab's pytest files, each molecule
+# scenario), three at a time; its table at the end says what each took.
+test: setup sim-image sim-mirrors oracle-env
+	$(BIN)/python tests/suite.py
+
+# The edit-test loop (about 8 minutes): lint, unit and oracle tests, and one traced deploy on a lab host.
+check: setup sim-image sim-mirrors oracle-env
+	$(BIN)/python tests/suite.py --jobs 4 lint unit oracle lab-deploy
 
 sim-image: setup
 	$(BIN)/python sim/lab/lab.py image

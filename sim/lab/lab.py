@@ -26,6 +26,8 @@ This is test and demo equipment: product code never imports or names it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -289,14 +291,22 @@ def proc_devices_lines() -> str:
     return f"{majors['nvidia-caps/nvidia-cap1']} nvidia-caps\n{majors['nvidia-uvm']} nvidia-uvm\n"
 
 
+# The simulated clock of every SGLang start on a lab host: a full K2.6 start, ~600 simulated seconds, takes about
+# 2.5 s of wall time instead of 10. The simulator reads it from /etc/sim-gpu/time-scale (it survives `lab.py
+# reboot`), never from the unit the roles write: SGLANG_SIM_TIME_SCALE in a unit's own Environment= (a test's
+# sglang_service_extra_env) still wins.
+LAB_TIME_SCALE = "0.25"
+
+
 def prepare_host(name: str) -> None:
     """At every `up`: what stands in for the host's hardware and boot, never for what the roles install. The
-    shared-root unit (SHARED_ROOT_UNIT, enabled, and run now for this boot) and the driver's /proc/devices lines
-    (/etc/sim-gpu/proc-devices). No /dev/nvidia* node: a container's /dev is new at each start and, as on a real
-    host, the driver role's nvidia-uvm-devices.service makes the nodes (with the simulated nvidia-modprobe) when
-    the role runs and at every boot after."""
+    shared-root unit (SHARED_ROOT_UNIT, enabled, and run now for this boot), the driver's /proc/devices lines
+    (/etc/sim-gpu/proc-devices) and the lab's clock (LAB_TIME_SCALE). No /dev/nvidia* node: a container's /dev
+    is new at each start and, as on a real host, the driver role's nvidia-uvm-devices.service makes the nodes
+    (with the simulated nvidia-modprobe) when the role runs and at every boot after."""
     unit = "/etc/systemd/system/moefleet-lab-shared-root.service"
     script = (f"mkdir -p /etc/sim-gpu && printf '%s' '{proc_devices_lines()}' > /etc/sim-gpu/proc-devices && "
+              f"echo {LAB_TIME_SCALE} > /etc/sim-gpu/time-scale && "
               f"printf '%s' '{SHARED_ROOT_UNIT}' > {unit} && "
               f"ln -sf {unit} /etc/systemd/system/sysinit.target.wants/ && mount --make-rshared /")
     podman("exec", name, "sh", "-c", script)
@@ -479,9 +489,32 @@ def start_hub() -> None:
     hub.up()
 
 
+@contextlib.contextmanager
+def shared_state_lock():
+    """Held while a command changes what labs share (the images, the network, the mirror and its Hub, the
+    addresses hosts get): `make test` brings several labs up at once (tests/suite.py), and two `podman run
+    --name moefleet-mirror` or two hosts given the same free address would collide."""
+    LAB.mkdir(parents=True, exist_ok=True)
+    with open(LAB / "shared.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None, router: bool = False) -> None:
     if count < 1:
         raise SystemExit("lab: --hosts must be 1 or more; use `make sim-down` to remove the lab")
+    with shared_state_lock():
+        hosts, gateway, started = _start_hosts(lab, count, inventory, releases, router)
+    wait_for_ansible(inventory, list(hosts) + ([gateway[0]] if gateway else []))
+    what = f"{count} host(s)" + (" and the router" if router else "")
+    log(f"lab {lab}: {what} answer Ansible ({time.monotonic() - started:.1f} s); mirror at http://{MIRROR}:{MIRROR_PORT}")
+
+
+def _start_hosts(lab: str, count: int, inventory: Path, releases: list[str] | None, router: bool):
+    """up's part that changes shared state: images, network, mirror, the hosts and their inventory."""
     releases = releases or [DEFAULT_OS]
     workers = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
     router_name = f"{PREFIX}-{lab}-router"
@@ -492,7 +525,7 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None,
     ensure_ssh_key()
     ensure_network()
     build_mirror()
-    mirror_url = ensure_mirror(tags[DEFAULT_OS])
+    ensure_mirror(tags[DEFAULT_OS])
     start_hub()
     existing = lab_containers(lab)
     for name in sorted(set(existing) - set(wanted)):
@@ -524,9 +557,7 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None,
     group_vars = inventory.parent / "group_vars"
     if inventory.parent != INVENTORY.parent and not group_vars.exists():
         group_vars.symlink_to(INVENTORY.parent / "group_vars")  # the lab's variables, for any lab
-    wait_for_ansible(inventory, list(hosts) + ([gateway[0]] if gateway else []))
-    what = f"{count} host(s)" + (" and the router" if router else "")
-    log(f"lab {lab}: {what} answer Ansible ({time.monotonic() - started:.1f} s); mirror at {mirror_url}")
+    return hosts, gateway, started
 
 
 def down(lab: str | None, inventory: Path) -> None:
@@ -575,8 +606,9 @@ def main() -> None:
         return
     LAB.mkdir(parents=True, exist_ok=True)
     if args.cmd == "image":
-        for release in dict.fromkeys(args.os):
-            build_image(release)
+        with shared_state_lock():
+            for release in dict.fromkeys(args.os):
+                build_image(release)
     elif args.cmd == "up":
         up(args.name, args.hosts, args.inventory.resolve(), args.os, args.router)
     elif args.cmd == "down":

@@ -96,6 +96,14 @@ class Server:
             time.sleep(0.05)
         raise AssertionError("server not ready\n" + self.log[-3000:])
 
+    def wait_log(self, text: str, timeout: float = 20.0) -> None:
+        """Until the log has `text` (the server's pace on a loaded machine is not the test's business)."""
+        end = time.time() + timeout
+        while text not in self.log:
+            if time.time() > end:
+                raise AssertionError(f"no {text!r} in the log within {timeout:.0f} s\n{self.log[-3000:]}")
+            time.sleep(0.05)
+
     def wait_exit(self, timeout: float = 20.0) -> int:
         try:
             return self.proc.wait(timeout)

@@ -213,7 +213,8 @@ def test_fault_crash_is_an_nccl_error(lab):
 
 def test_fault_hang_stops_after_nccl_init_begins(lab):
     srv = lab.start(*TP8, faults=[{"fault": "hang"}])
-    time.sleep(1.5)
+    srv.wait_log("Init torch distributed begin.")
+    time.sleep(1.5)  # a start goes past NCCL init in well under a simulated second: this one stays there
     assert srv.proc.poll() is None
     lines = [ln for ln in srv.log.splitlines() if ln.strip()]
     assert lines[-1].endswith("Init torch distributed begin.")

@@ -2,7 +2,8 @@
 
 A full start of Kimi K2.6 takes about 600 simulated seconds (mostly reading ~555 GiB of shards). The wall
 clock runs `WALL_PER_SIM * SGLANG_SIM_TIME_SCALE` seconds per simulated second: with the default scale 1.0 a
-full start takes about 10 s of wall time; tests use 0.05 (about 0.5 s).
+full start takes about 10 s of wall time; tests use 0.05 (about 0.5 s). Without the variable the scale is the
+host's, in /etc/sim-gpu/time-scale (a lab host's clock: sim/lab/lab.py writes it), else 1.0.
 """
 
 from __future__ import annotations
@@ -13,9 +14,19 @@ import time
 WALL_PER_SIM = 10.0 / 600.0
 
 
+HOST_TIME_SCALE = "/etc/sim-gpu/time-scale"
+
+
 def time_scale() -> float:
+    value = os.environ.get("SGLANG_SIM_TIME_SCALE")
+    if value is None:
+        try:
+            with open(HOST_TIME_SCALE) as f:
+                value = f.read().strip()
+        except OSError:
+            value = "1.0"
     try:
-        return float(os.environ.get("SGLANG_SIM_TIME_SCALE", "1.0"))
+        return float(value)
     except ValueError:
         return 1.0
 

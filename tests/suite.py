@@ -1,0 +1,125 @@
+"""Runs the parts of `make test` side by side: lint, the unit and oracle tests, the lab's pytest files and each
+molecule scenario are independent jobs (each lab job brings up a lab of its own name; sim/lab/lab.py serialises
+what labs share), run at most --jobs at a time in the order given, each logging to .lab/logs/<job>.log.
+
+A lab job spends most of its time waiting on SSH, systemd and the simulated clock, so two or three of them fit on
+this 2-core machine beside one CPU-bound job. The first failure stops the run: jobs not started are skipped, the
+running ones are stopped, and the failed job's last lines are printed. A table of each job's time closes the run.
+
+    python tests/suite.py [--jobs N] [JOB ...]      (no JOB: every job; a JOB may be a pattern, 'molecule-*';
+                                                     `--list` names them)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / ".lab" / "logs"
+BIN = Path(sys.executable).parent
+
+
+def _molecule(scenario: str) -> list[str]:
+    return [str(BIN / "molecule"), "test", "-s", scenario]
+
+
+def _pytest(*args: str) -> list[str]:
+    return [str(BIN / "pytest"), "-q", "-p", "no:cacheprovider", *args]
+
+
+ROUTER_LAB = "tests/integration/test_router_lab.py"
+
+# In the order they start: the longest lab jobs first, so that the short ones fill in beside them.
+JOBS: dict[str, list[str]] = {
+    "lint": ["make", "--no-print-directory", "lint"],
+    "molecule-rollback": _molecule("rollback"),
+    "molecule-fleet": _molecule("fleet"),
+    "lab": _pytest("-m", "lab", "tests", "--ignore", ROUTER_LAB),
+    "unit": _pytest("-m", "not lab and not oracle", "tests"),
+    "lab-router": _pytest("-m", "lab", ROUTER_LAB),
+    "molecule-default": _molecule("default"),
+    "oracle": _pytest("-m", "oracle", "tests/oracle"),
+    "molecule-install": _molecule("install"),
+    # make check's lab part: one traced deploy (the "lab" job runs the same file within the whole lab suite).
+    "lab-deploy": _pytest("-m", "lab", "-s", "tests/integration/test_deploy_trace_lab.py"),
+}
+CHECK_ONLY = {"lab-deploy"}
+# A scenario added under molecule/ runs too, after the others, until it is given its place above.
+for _scenario in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml")):
+    JOBS.setdefault(f"molecule-{_scenario}", _molecule(_scenario))
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run(names: list[str], slots: int) -> int:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    pending = list(names)
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    took: dict[str, float] = {}
+    failed: str | None = None
+    started = time.monotonic()
+    while (pending and failed is None) or running:
+        while pending and failed is None and len(running) < slots:
+            name = pending.pop(0)
+            log = LOGS / f"{name}.log"
+            print(f"suite: {name} started (log: {log.relative_to(ROOT)})", flush=True)
+            with open(log, "w") as out:
+                proc = subprocess.Popen(JOBS[name], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            running[name] = (proc, time.monotonic())
+        time.sleep(1)
+        for name, (proc, since) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[name]
+            took[name] = time.monotonic() - since
+            verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            print(f"suite: {name} {verdict} in {took[name] / 60:.1f} min", flush=True)
+            if proc.returncode != 0 and failed is None:
+                failed = name
+                for other, (p, _) in running.items():
+                    print(f"suite: stopping {other}", flush=True)
+                    os.killpg(p.pid, signal.SIGTERM)
+    outcome = f"failed at {failed}" if failed else "all passed"
+    print(f"\nsuite: {outcome} after {(time.monotonic() - started) / 60:.1f} min ({slots} at a time)")
+    for name in names:
+        print(f"  {name:<20} {took[name] / 60:5.1f} min" if name in took else f"  {name:<20}   not run")
+    if failed:
+        log = LOGS / f"{failed}.log"
+        print(f"\nsuite: last lines of {log.relative_to(ROOT)}:\n{_tail(log)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("MOEFLEET_SUITE_JOBS", "3")),
+                        help="how many jobs run at once (default 3, or $MOEFLEET_SUITE_JOBS)")
+    parser.add_argument("--list", action="store_true", help="name the jobs, in the order they start")
+    parser.add_argument("job", nargs="*", help="jobs to run (default: all)")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(f"{j}{' (make check only)' if j in CHECK_ONLY else ''}" for j in JOBS))
+        return 0
+    chosen = [j for j in JOBS if j not in CHECK_ONLY] if not args.job else []
+    for pattern in args.job:  # a name, or a pattern: 'molecule-*'
+        matched = [j for j in JOBS if fnmatch.fnmatchcase(j, pattern)]
+        if not matched:
+            parser.error(f"no job {pattern}; the jobs are: {', '.join(JOBS)}")
+        chosen += [j for j in matched if j not in chosen]
+    if args.jobs < 1:
+        parser.error("--jobs must be 1 or more")
+    return run(chosen, args.jobs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
