@@ -354,16 +354,14 @@ MODEL_SOURCES = ("huggingface", "prestaged")
 
 
 def model_source_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
-    """The sglang_model role's inputs for one host, as sentences: a known source, an absolute path, and
-    for huggingface a repo, a 40-hex commit and, for a gated model, a token (``sglang_model_hf_token_set``)."""
+    """The rules between the sglang_model role's inputs for one host that its argument spec cannot state, as
+    sentences: an absolute path, and for huggingface a repo, a 40-hex commit and, for a gated model, a token
+    (``sglang_model_hf_token_set``). The source's choices, like every type, are the spec's to check."""
     source = inputs.get("sglang_model_source", "huggingface")
     path = inputs.get("sglang_model_path")
     problems: list[str] = []
     if source not in MODEL_SOURCES:
-        return [
-            f"sglang_model_source is {source!r} for {host}; set it to huggingface (download the pinned revision) "
-            "or prestaged (a copy already on the host)."
-        ]
+        return []  # the role's argument spec (choices) refuses it, naming the two (playbooks/validate.yml, play 2)
     if not isinstance(path, str) or not path.startswith("/") or posixpath.normpath(path) != path.rstrip("/"):
         what = "the copy already on the host" if source == "prestaged" else "the download's target directory"
         problems.append(f"sglang_model_path is {path!r} for {host}; set it to the absolute path of {what}.")
@@ -393,22 +391,18 @@ def model_source_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
 GPU_COUNT_BOUNDS = (1, 64)
 
 
-def host_problems(
-    host: str,
-    inputs: Mapping[str, Any],
-    catalog: Mapping[str, Any],
-    profile: str,
-    booleans: list[str] | tuple[str, ...] = (),
-) -> list[str]:
-    """Every controller-side problem of one host's inputs, as sentences naming the variable and the fix.
+def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, Any], profile: str) -> list[str]:
+    """The problems of one host's inputs that the roles' argument specs cannot state (a range, a rule between
+    variables, the catalog), as sentences naming the variable and the fix; types, booleans and choices are the
+    specs' (playbooks/validate.yml checks them with validate_argument_spec).
 
     ``inputs`` holds the variables the host defines (inventory, -e) over the roles' defaults; ``profile``
-    is the resolved profile name. Checked: each documented boolean in ``booleans``; the GPUs every profile
-    on ``profile``'s fallback ladder starts against ``nvidia_driver_expected_gpu_count`` (fewer is allowed
-    only with moefleet_allow_unfit); ``sglang_service_extra_flags`` (extra_flags: SGLang's own parser data);
-    ``sglang_service_port``; the model source.
+    is the resolved profile name. Checked: the GPUs every profile on ``profile``'s fallback ladder starts
+    against ``nvidia_driver_expected_gpu_count`` (fewer is allowed only with moefleet_allow_unfit);
+    ``sglang_service_extra_flags`` (extra_flags: SGLang's own parser data); ``sglang_service_port``'s range;
+    the model source.
     """
-    problems = [p for p in (bool_problem(n, inputs[n], host) for n in booleans if n in inputs) if p]
+    problems: list[str] = []
     gpus, problem = whole_number(
         "nvidia_driver_expected_gpu_count", inputs.get("nvidia_driver_expected_gpu_count", 8), *GPU_COUNT_BOUNDS, host
     )
