@@ -18,10 +18,11 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
-from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs, profiles
+from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
-HOST_PLAY = next(p for p in yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text()) if p["hosts"] == "blackwell")
+VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())
+HOST_PLAY = next(play for play in VALIDATE if play["hosts"] == "blackwell")
 PLAYBOOK_BOOLEANS = [n for n, o in HOST_PLAY["vars"]["moefleet_host_inputs_spec"].items() if o.get("type") == "bool"]
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
 
@@ -130,13 +131,13 @@ def test_a_bare_boolean_fails_this_check():
 # booleans are checked by their argument specs (tests/unit/test_role_input_specs.py).
 @pytest.mark.parametrize("form", [*TRUE_FORMS, *FALSE_FORMS, True, False, 0, 1])
 def test_the_controller_accepts_what_the_roles_accept(form):
-    assert profiles.bool_problem("sglang_service_rollback", form) is None
-    assert profiles.parse_bool(form) is (form in TRUE_FORMS or form is True or form == 1)
+    assert playbook_inputs.bool_problem("sglang_service_rollback", form) is None
+    assert playbook_inputs.parse_bool(form) is (form in TRUE_FORMS or form is True or form == 1)
 
 
 @pytest.mark.parametrize("form", ["maybe", "", "on", "2", 2, None, [], "tru"])
 def test_the_controller_refuses_anything_else_naming_the_variable(form):
-    assert profiles.bool_problem("nvidia_driver_reboot", form, "gpu-1") == (
+    assert playbook_inputs.bool_problem("nvidia_driver_reboot", form, "gpu-1") == (
         f"nvidia_driver_reboot is {form!r} for gpu-1, which is not a boolean; set it to true or false "
         "(yes/no and 1/0 work too), e.g. -e nvidia_driver_reboot=true."
     )

@@ -79,6 +79,10 @@ def test_the_honest_seed_profile_is_refused_against_the_hosts_gpus():
         "moefleet_allow_unfit=true to start it."
     ]
     assert _host({"moefleet_allow_unfit": "true"}, "tp4ep2", catalog) == []
+    # read as the role specs' type: bool reads it (on, as | bool); no boolean allows nothing (the spec refuses it)
+    assert _host({"moefleet_allow_unfit": "on"}, "tp4ep2", catalog) == []
+    assert len(_host({"moefleet_allow_unfit": "sure"}, "tp4ep2", catalog)) == 1
+    assert len(_host({"moefleet_allow_unfit": ["true"]}, "tp4ep2", catalog)) == 1
 
 
 def test_every_profile_on_the_ladder_is_checked_and_more_gpus_than_declared_is_refused():
@@ -118,6 +122,8 @@ def test_huge_extra_flags_are_refused_naming_the_host():
         ({"sglang_model_repo": "Kimi-K2.6"}, "sglang_model_repo is 'Kimi-K2.6' for gpu-1; set it to the Hugging"),
         ({"sglang_model_gated": "yes"}, "moonshotai/Kimi-K2.6 is gated (sglang_model_gated) but "
                                         "sglang_model_hf_token is empty for gpu-1"),
+        ({"sglang_model_gated": "On"}, "moonshotai/Kimi-K2.6 is gated (sglang_model_gated) but "
+                                       "sglang_model_hf_token is empty for gpu-1"),
         ({"sglang_model_path": "models/k2"}, "sglang_model_path is 'models/k2' for gpu-1; set it to the absolute"),
     ],
 )

@@ -25,8 +25,8 @@ SERVE_ARGS = {"sglang_service_profile": "tp8", "sglang_service_catalog": {"profi
 
 
 def spec(role: str) -> dict:
-    return yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"][
-        "options"]
+    text = (ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text()
+    return yaml.safe_load(text)["argument_specs"]["main"]["options"]
 
 
 def errors(argument_spec: dict, values: dict) -> list[str]:
@@ -85,7 +85,10 @@ def _plain(values: dict) -> dict:
     return {k: v for k, v in values.items() if not (isinstance(v, str) and "{{" in v)}
 
 
-@pytest.mark.parametrize("path", ["inventory/example/group_vars/blackwell/main.yml", "inventory/sim/group_vars/all.yml"])
+SHIPPED = ["inventory/example/group_vars/blackwell/main.yml", "inventory/sim/group_vars/all.yml"]
+
+
+@pytest.mark.parametrize("path", SHIPPED)
 def test_the_shipped_inventories_pass_every_role_spec(path):
     values = _plain(yaml.safe_load((ROOT / path).read_text()))
     checked = [name for role in HOST_PLAY["vars"]["moefleet_host_roles"] for name in spec(role) if name in values]
