@@ -117,7 +117,7 @@ def host_inputs(hosts, hostvars, names):
     for host in hosts:
         own = hostvars[host]
         values = {name: own[name] for name in names if name in own}
-        if profiles.parse_bool(values.get("sglang_model_gated", False)):
+        if profiles.reads_true(values.get("sglang_model_gated", False)):
             values["sglang_model_hf_token_set"] = bool(own.get("sglang_model_hf_token") or "")
         inputs[host] = values
     return inputs

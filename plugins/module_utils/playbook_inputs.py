@@ -25,7 +25,32 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ansible_collections.moefleet.serving.plugins.module_utils.profiles import bool_problem, parse_bool
+# The run's own booleans: the forms -e passes (true/false, yes/no, 1/0); the roles' are their argument specs'.
+BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def parse_bool(value: Any) -> bool | None:
+    """``value`` as a boolean when it is one of the forms -e passes (true/false, yes/no, 1/0, any case,
+    as strings or as YAML/JSON booleans and 0/1), else None."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        return BOOL_WORDS.get(value.strip().lower())
+    return None
+
+
+def bool_problem(name: str, value: Any, host: str | None = None) -> str | None:
+    """A sentence naming the variable when ``value`` is not a boolean form, else None."""
+    if parse_bool(value) is not None:
+        return None
+    where = f" for {host}" if host else ""
+    return (
+        f"{name} is {value!r}{where}, which is not a boolean; set it to true or false "
+        f"(yes/no and 1/0 work too), e.g. -e {name}=true."
+    )
+
 
 # Far above any fleet, far below a count that would keep ansible-core's batch loop (a range() over it) busy.
 MAX_BATCH_HOSTS = 100_000

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.moefleet.serving.plugins.module_utils import planner
 from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (
     FLAG_BOUNDS,
@@ -274,7 +275,7 @@ def _as_tuple(expected: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Controller checks of what operators type: names, numbers, booleans, each host's inputs
+# Controller checks of what operators type: names, numbers, each host's inputs
 # ---------------------------------------------------------------------------------------------------
 
 # fullmatch, not the schema's "$", which in Python also matches before a trailing newline.
@@ -308,30 +309,13 @@ def flag_value_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-
-
-def parse_bool(value: Any) -> bool | None:
-    """``value`` as a boolean when it is one of the forms -e passes (true/false, yes/no, 1/0, any case,
-    as strings or as YAML/JSON booleans and 0/1), else None."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        return BOOL_WORDS.get(value.strip().lower())
-    return None
-
-
-def bool_problem(name: str, value: Any, host: str | None = None) -> str | None:
-    """A sentence naming the variable when ``value`` is not a boolean form, else None."""
-    if parse_bool(value) is not None:
-        return None
-    where = f" for {host}" if host else ""
-    return (
-        f"{name} is {value!r}{where}, which is not a boolean; set it to true or false "
-        f"(yes/no and 1/0 work too), e.g. -e {name}=true."
-    )
+def reads_true(value: Any) -> bool:
+    """Whether a boolean input reads as true, as the roles' argument specs (``type: bool``) read it; anything
+    that is no boolean reads as false here (playbooks/validate.yml's second play refuses it, naming it)."""
+    try:
+        return boolean(value, strict=False)
+    except TypeError:  # a list or a mapping
+        return False
 
 
 def whole_number(name: str, value: Any, low: int, high: int, host: str | None = None) -> tuple[int | None, str | None]:
@@ -354,16 +338,14 @@ MODEL_SOURCES = ("huggingface", "prestaged")
 
 
 def model_source_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
-    """The sglang_model role's inputs for one host, as sentences: a known source, an absolute path, and
-    for huggingface a repo, a 40-hex commit and, for a gated model, a token (``sglang_model_hf_token_set``)."""
+    """The rules between the sglang_model role's inputs for one host that its argument spec cannot state, as
+    sentences: an absolute path, and for huggingface a repo, a 40-hex commit and, for a gated model, a token
+    (``sglang_model_hf_token_set``). The source's choices, like every type, are the spec's to check."""
     source = inputs.get("sglang_model_source", "huggingface")
     path = inputs.get("sglang_model_path")
     problems: list[str] = []
     if source not in MODEL_SOURCES:
-        return [
-            f"sglang_model_source is {source!r} for {host}; set it to huggingface (download the pinned revision) "
-            "or prestaged (a copy already on the host)."
-        ]
+        return []  # the role's argument spec (choices) refuses it, naming the two (playbooks/validate.yml, play 2)
     if not isinstance(path, str) or not path.startswith("/") or posixpath.normpath(path) != path.rstrip("/"):
         what = "the copy already on the host" if source == "prestaged" else "the download's target directory"
         problems.append(f"sglang_model_path is {path!r} for {host}; set it to the absolute path of {what}.")
@@ -382,7 +364,7 @@ def model_source_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
             f"{repo} to serve (a branch or tag would change under you), or set sglang_model_source=prestaged "
             "for a copy already on the host."
         )
-    if parse_bool(inputs.get("sglang_model_gated", False)) and not inputs.get("sglang_model_hf_token_set"):
+    if reads_true(inputs.get("sglang_model_gated", False)) and not inputs.get("sglang_model_hf_token_set"):
         problems.append(
             f"{repo} is gated (sglang_model_gated) but sglang_model_hf_token is empty for {host}; put a token "
             "that may read it in vault as sglang_model_hf_token and run with --ask-vault-pass."
@@ -393,28 +375,24 @@ def model_source_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
 GPU_COUNT_BOUNDS = (1, 64)
 
 
-def host_problems(
-    host: str,
-    inputs: Mapping[str, Any],
-    catalog: Mapping[str, Any],
-    profile: str,
-    booleans: list[str] | tuple[str, ...] = (),
-) -> list[str]:
-    """Every controller-side problem of one host's inputs, as sentences naming the variable and the fix.
+def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, Any], profile: str) -> list[str]:
+    """The problems of one host's inputs that the roles' argument specs cannot state (a range, a rule between
+    variables, the catalog), as sentences naming the variable and the fix; types, booleans and choices are the
+    specs' (playbooks/validate.yml checks them with validate_argument_spec).
 
     ``inputs`` holds the variables the host defines (inventory, -e) over the roles' defaults; ``profile``
-    is the resolved profile name. Checked: each documented boolean in ``booleans``; the GPUs every profile
-    on ``profile``'s fallback ladder starts against ``nvidia_driver_expected_gpu_count`` (fewer is allowed
-    only with moefleet_allow_unfit); ``sglang_service_extra_flags`` (extra_flags: SGLang's own parser data);
-    ``sglang_service_port``; the model source.
+    is the resolved profile name. Checked: the GPUs every profile on ``profile``'s fallback ladder starts
+    against ``nvidia_driver_expected_gpu_count`` (fewer is allowed only with moefleet_allow_unfit);
+    ``sglang_service_extra_flags`` (extra_flags: SGLang's own parser data); ``sglang_service_port``'s range;
+    the model source.
     """
-    problems = [p for p in (bool_problem(n, inputs[n], host) for n in booleans if n in inputs) if p]
+    problems: list[str] = []
     gpus, problem = whole_number(
         "nvidia_driver_expected_gpu_count", inputs.get("nvidia_driver_expected_gpu_count", 8), *GPU_COUNT_BOUNDS, host
     )
     if problem:
         problems.append(problem)
-    allow_unfit = parse_bool(inputs.get("moefleet_allow_unfit", False)) is True
+    allow_unfit = reads_true(inputs.get("moefleet_allow_unfit", False))
     for name in fallback_ladder(catalog, profile) if gpus else ():
         layout = planner.Layout.from_flags(catalog["profiles"][name]["flags"])
         if layout.gpus_used == gpus or (layout.gpus_used < gpus and allow_unfit):

@@ -12,10 +12,11 @@ description:
   - Merges the shipped catalog with the operator's additions, validates it against its JSON Schema
     and its cross-references (flag invariants, NCCL sets, fallbacks), and resolves the profile every
     host is to serve (C(-e profile=NAME) overrides the hosts' C(sglang_profile)).
-  - Checks each host's inputs the roles would otherwise read only on the host, after installing the driver,
-    CUDA, SGLang and the model; safe profile names, bounds of every numeric flag, the documented booleans
-    (true/false, yes/no, 1/0 as C(-e) passes them), the GPUs each profile on the host's fallback ladder
-    starts against C(nvidia_driver_expected_gpu_count), and the model source.
+  - Checks the rules between each host's inputs that the roles' argument specs cannot state and the roles would
+    otherwise meet only on the host, after installing the driver, CUDA, SGLang and the model; safe profile names,
+    bounds of every numeric flag, the GPUs each profile on the host's fallback ladder starts against
+    C(nvidia_driver_expected_gpu_count), the port's range, the extra SGLang flags and the model source. Types,
+    booleans and choices are the argument specs' (C(ansible.builtin.validate_argument_spec) in playbooks/validate.yml).
   - Every problem is reported as a sentence (schema errors as C(path) colon message, after the file and
     line it was written at), before any host is touched.
   - "Runs on the controller (C(hosts: localhost)); it changes nothing."
@@ -54,11 +55,6 @@ options:
     description: The roles' defaults for those variables, laid under each host's inputs.
     type: dict
     default: {}
-  booleans:
-    description: Names of the documented boolean variables (roles' argument specs and playbooks) to check.
-    type: list
-    elements: str
-    default: []
 author: moefleet maintainers (!UNKNOWN)
 """
 
@@ -142,7 +138,7 @@ def resolve(params):
     problems = []
     for host, profile in hosts.items():
         inputs = {**params["role_defaults"], **(params["host_inputs"].get(host) or {})}
-        problems += host_problems(host, inputs, catalog, profile["name"], params["booleans"])
+        problems += host_problems(host, inputs, catalog, profile["name"])
     if problems:
         raise ProfileError("\n".join(problems))
     return catalog, hosts
@@ -159,7 +155,6 @@ def main():
             "host_profiles": {"type": "dict", "default": {}},
             "host_inputs": {"type": "dict", "default": {}},
             "role_defaults": {"type": "dict", "default": {}},
-            "booleans": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )

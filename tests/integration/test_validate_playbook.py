@@ -1,7 +1,9 @@
-"""deploy.yml's first play refuses bad input on the controller, with a sentence, before any host is touched.
+"""deploy.yml's first plays refuse bad input on the controller, with a sentence, before any host is touched.
 
 The inventory's only host is unreachable (TEST-NET-1, RFC 5737): had any task run on it, the play would
-report it unreachable after an SSH timeout instead of failing on localhost at once.
+report it unreachable after an SSH timeout instead of failing on the controller at once. validate.yml's second
+play runs for each host of blackwell, on the controller (validate_argument_spec and assert need no connection):
+the host is then in the recap, with unreachable=0.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def deploy(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def refused(run: subprocess.CompletedProcess) -> str:
     assert run.returncode != 0
-    assert "unreachable-1" not in run.stdout.split("PLAY RECAP")[-1], "a host was contacted"
+    recap = run.stdout.split("PLAY RECAP")[-1]
+    assert "UNREACHABLE!" not in run.stdout and "unreachable=0" in recap and "unreachable=1" not in recap, \
+        "a host was contacted"
+    assert "PLAY [Install, check and serve" not in run.stdout, "the serving play started"
     return " ".join(run.stdout.split())
 
 
@@ -75,12 +80,22 @@ def validate(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_playbook(inventory, "playbooks/validate.yml", *extra, timeout=60)
 
 
-# Each row of the README's bad-input table: what the operator gives, and the sentence it gets.
+# Each row of the README's bad-input table: what the operator gives, and the sentence it gets. Types, booleans and
+# choices are worded by ansible.builtin.validate_argument_spec (the roles' meta/argument_specs.yml), after the host.
 BAD_INPUT = [
     (["sglang_service_rollback=maybe"],
-     "sglang_service_rollback is 'maybe' for unreachable-1, which is not a boolean; set it to true or false"),
-    (["nvidia_driver_reboot=on"], "nvidia_driver_reboot is 'on' for unreachable-1, which is not a boolean"),
-    (["moefleet_allow_unfit=sure"], "moefleet_allow_unfit is 'sure' for unreachable-1, which is not a boolean"),
+     "unreachable-1: argument 'sglang_service_rollback' is of type str and we were unable to convert to bool: "
+     "The value 'maybe' is not a valid boolean. Set it to true or false (yes/no, on/off, 1/0 work too)."),
+    (["nvidia_driver_reboot=sometimes"],
+     "argument 'nvidia_driver_reboot' is of type str and we were unable to convert to bool: The value 'sometimes' is "
+     "not a valid boolean. Set it to true or false"),
+    (["moefleet_allow_unfit=sure"],
+     "argument 'moefleet_allow_unfit' is of type str and we were unable to convert to bool: The value 'sure' is not a "
+     "valid boolean. Set it to true or false"),
+    (["sglang_model_source=s3"],
+     "unreachable-1: value of sglang_model_source must be one of: huggingface, prestaged, got: s3."),
+    (["nvidia_driver_expected_gpu_count=eight"],
+     "nvidia_driver_expected_gpu_count is 'eight' for unreachable-1; set it to a whole number from 1 to 64."),
     ([json.dumps({"moefleet_extra_profiles": {"tp4ep2": {**MINE, "gpus": 4, "flags": {"tp_size": 4, "ep_size": 2}}}}),
       "profile=tp4ep2"],
      "Profile tp4ep2 starts 4 GPUs (--tp-size 4 --ep-size 2) but the inventory declares 8 for unreachable-1 "
@@ -122,7 +137,7 @@ def test_extra_profile_in_inventory_is_reported_at_its_file_and_line(tmp_path):
     assert "<unicode string>" not in out
 
 
-@pytest.mark.parametrize("form", ["true", "false", "yes", "no", "1", "0", "True"])
+@pytest.mark.parametrize("form", ["true", "false", "yes", "no", "1", "0", "True", "on", "off"])
 def test_every_boolean_form_minus_e_passes_is_accepted(inventory, form):
     names = ["sglang_service_rollback", "sglang_service_degraded_fails", "sglang_service_retry", "nvidia_driver_reboot",
              "nvidia_driver_update_initramfs", "nvidia_driver_check_kernel_module", "moefleet_allow_unfit"]

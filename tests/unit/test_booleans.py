@@ -1,8 +1,8 @@
 """Every documented boolean, wherever a role or playbook decides on it, takes what -e passes.
 
 The documented booleans are the options with ``type: bool`` in the roles' argument specs plus the
-playbook booleans playbooks/validate.yml lists and the run's own booleans of module_utils/playbook_inputs.py (the
-very lists the controller checks use). Every
+playbooks' per-host booleans (moefleet_host_inputs_spec in playbooks/validate.yml) and the run's own booleans of
+module_utils/playbook_inputs.py (the very declarations the controller checks use). Every
 when/changed_when/failed_when and assert condition that names one is evaluated with ansible-core's own
 templar with the variable set to each string form -e gives (true/false, yes/no, 1/0, any case) and must
 decide exactly as it does with the real boolean: a bare ``when: flag`` fails here under ansible-core 2.19
@@ -18,10 +18,12 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
-from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs, profiles
+from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
-VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())[0]["vars"]
+VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())
+HOST_PLAY = next(play for play in VALIDATE if play["hosts"] == "blackwell")
+PLAYBOOK_BOOLEANS = [n for n, o in HOST_PLAY["vars"]["moefleet_host_inputs_spec"].items() if o.get("type") == "bool"]
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
 
 
@@ -37,7 +39,7 @@ def _role_booleans() -> list[str]:
 # table playbooks/validate.yml checks them from (module_utils/playbook_inputs.py). apply too, but no condition
 # decides on it: bench.yml reads it as bench_apply (| bool), and its one assert only says it is a boolean form.
 RUN_BOOLEANS = [name for name, spec in playbook_inputs.INPUTS.items() if spec.kind == "bool" and name != "apply"]
-BOOLEANS = _role_booleans() + VALIDATE["moefleet_playbook_booleans"] + RUN_BOOLEANS
+BOOLEANS = _role_booleans() + PLAYBOOK_BOOLEANS + RUN_BOOLEANS
 TRUE_FORMS = ["true", "True", "yes", "YES", "1"]
 FALSE_FORMS = ["false", "False", "no", "No", "0"]
 CONDITION_KEYS = ("when", "changed_when", "failed_when")
@@ -108,10 +110,6 @@ def test_the_documented_booleans_are_found_and_used():
             "sglang_service_rollback", "sglang_service_degraded_fails", "moefleet_allow_unfit"} <= used
 
 
-def test_validate_yml_lists_every_role():
-    assert sorted(VALIDATE["moefleet_roles"]) == ROLES
-
-
 @pytest.mark.parametrize(("where", "name", "cond"), USES, ids=[f"{w}:{n}" for w, n, _ in USES])
 def test_condition_decides_on_every_form_minus_e_passes(where, name, cond):
     on, off = _decide(cond, name, True), _decide(cond, name, False)
@@ -129,15 +127,17 @@ def test_a_bare_boolean_fails_this_check():
     assert _decide("not nvidia_driver_reboot", "nvidia_driver_reboot", "false") is False  # decides wrongly
 
 
+# The run's own booleans (module_utils/playbook_inputs.py, the CLI's table too); the roles' and the playbooks' per-host
+# booleans are checked by their argument specs (tests/unit/test_role_input_specs.py).
 @pytest.mark.parametrize("form", [*TRUE_FORMS, *FALSE_FORMS, True, False, 0, 1])
 def test_the_controller_accepts_what_the_roles_accept(form):
-    assert profiles.bool_problem("sglang_service_rollback", form) is None
-    assert profiles.parse_bool(form) is (form in TRUE_FORMS or form is True or form == 1)
+    assert playbook_inputs.bool_problem("sglang_service_rollback", form) is None
+    assert playbook_inputs.parse_bool(form) is (form in TRUE_FORMS or form is True or form == 1)
 
 
 @pytest.mark.parametrize("form", ["maybe", "", "on", "2", 2, None, [], "tru"])
 def test_the_controller_refuses_anything_else_naming_the_variable(form):
-    assert profiles.bool_problem("nvidia_driver_reboot", form, "gpu-1") == (
+    assert playbook_inputs.bool_problem("nvidia_driver_reboot", form, "gpu-1") == (
         f"nvidia_driver_reboot is {form!r} for gpu-1, which is not a boolean; set it to true or false "
         "(yes/no and 1/0 work too), e.g. -e nvidia_driver_reboot=true."
     )

@@ -74,12 +74,15 @@ def test_the_installed_deploy_playbook_passes_its_syntax_check(installed):
 
 
 def test_the_installed_validate_playbook_runs_the_collections_module(installed):
-    """moefleet.serving.moefleet_profile runs on the controller with its module_utils from the installed copy."""
+    """moefleet.serving.moefleet_profile runs on the controller with its module_utils from the installed copy, and
+    each host's inputs are checked against the installed roles' argument specs."""
     tmp, env = installed
     out = run([str(BIN / "ansible-playbook"), "moefleet.serving.validate", "-i", "hosts.yml", "-e", "profile=tp2ep4"],
               tmp, env)
-    assert "TASK [Validate the catalog, resolve each host's profile and check each host's inputs]" in out
+    assert "TASK [Validate the catalog, resolve each host's profile and check the rules between its inputs]" in out
     assert re.search(r"^localhost\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", out, re.M), out
+    assert "TASK [Check the host's inputs against each role's argument spec]" in out
+    assert re.search(r"^ok: \[\S+\] => \(item=sglang_service\)", out, re.M), out
 
 
 def test_ansible_doc_shows_the_installed_readiness_module(installed):
