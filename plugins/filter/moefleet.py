@@ -2,10 +2,13 @@
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
 .fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; the
 documents a host keeps and reports, .local_facts and .status_entry; and for the controller checks
-moefleet.serving.host_inputs, .origins and .playbook_input_problems."""
+moefleet.serving.host_inputs, .origins, .playbook_input_problems and .misread_booleans."""
 
 from __future__ import annotations
 
+import os
+
+import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.moefleet.serving.plugins.module_utils import (
     extra_flags,
@@ -177,6 +180,23 @@ def playbook_input_problems(hostvars, hosts, controller="localhost"):
     return playbook_inputs.problems(values, views, outside, everyone=controller)
 
 
+def misread_booleans(roles, host_vars, roles_dir, extra_options=None, host=None):
+    """Sentences for the host's boolean inputs the argument specs take but `| bool` misreads (y/n, t/f, 1.0): ``{{
+    moefleet_host_roles | moefleet.serving.misread_booleans(hostvars[inventory_hostname], playbook_dir ~ '/../roles',
+    moefleet_host_inputs_spec, inventory_hostname) }}``; [] when there are none. The options are each role's own
+    meta/argument_specs.yml (main entry point) and ``extra_options``."""
+    options = dict(extra_options or {})
+    for role in roles:
+        path = os.path.join(roles_dir, role, "meta", "argument_specs.yml")
+        try:
+            with open(path) as f:
+                options.update(yaml.safe_load(f)["argument_specs"]["main"].get("options") or {})
+        except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+            raise AnsibleFilterError(f"moefleet.serving.misread_booleans: cannot read {path}: {exc}") from None
+    names = [name for name in options if name in host_vars]
+    return playbook_inputs.misread_booleans({name: host_vars[name] for name in names}, options, host)
+
+
 class FilterModule:
     """moefleet filters, called as moefleet.serving.<name>."""
 
@@ -196,4 +216,5 @@ class FilterModule:
             "host_inputs": host_inputs,
             "origins": origins,
             "playbook_input_problems": playbook_input_problems,
+            "misread_booleans": misread_booleans,
         }

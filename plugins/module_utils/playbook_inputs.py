@@ -25,13 +25,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The run's own booleans: the forms -e passes (true/false, yes/no, 1/0); the roles' are their argument specs'.
-BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+from ansible.module_utils.parsing.convert_bool import boolean
+
+# The boolean words the roles' and playbooks' `| bool` reads without a deprecation (ansible-core 2.19's filter:
+# true/false, yes/no, on/off, 1/0, any case). Every boolean input is held to these: Ansible's argument specs
+# (type: bool) take y/n, t/f and 1.0 too, which `| bool` reads as false.
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
 def parse_bool(value: Any) -> bool | None:
-    """``value`` as a boolean when it is one of the forms -e passes (true/false, yes/no, 1/0, any case,
-    as strings or as YAML/JSON booleans and 0/1), else None."""
+    """``value`` as a boolean when it is one of the forms `| bool` reads (true/false, yes/no, on/off, 1/0, any
+    case, as strings or as YAML/JSON booleans and 0/1), else None."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -48,7 +52,7 @@ def bool_problem(name: str, value: Any, host: str | None = None) -> str | None:
     where = f" for {host}" if host else ""
     return (
         f"{name} is {value!r}{where}, which is not a boolean; set it to true or false "
-        f"(yes/no and 1/0 work too), e.g. -e {name}=true."
+        f"(yes/no, on/off and 1/0 work too), e.g. -e {name}=true."
     )
 
 
@@ -276,3 +280,17 @@ def problems(
             f"inventory and pass it for the run instead: {example}."
         )
     return out
+
+
+def misread_booleans(values: Mapping[str, Any], options: Mapping[str, Any], host: str | None = None) -> list[str]:
+    """A sentence for each boolean input (an option of an argument spec with ``type: bool``) that is set to a form
+    the spec takes but `| bool` does not read (y/n, t/f, 1.0): the spec check passes it, the roles would read false."""
+    problems = []
+    for name, option in options.items():
+        if (option or {}).get("type") == "bool" and name in values and parse_bool(values[name]) is None:
+            try:
+                boolean(values[name], strict=True)
+            except TypeError:
+                continue  # not a boolean to the spec either: validate_argument_spec refuses it, naming it
+            problems.append(bool_problem(name, values[name], host))
+    return problems

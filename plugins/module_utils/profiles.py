@@ -18,8 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.moefleet.serving.plugins.module_utils import planner
+from ansible_collections.moefleet.serving.plugins.module_utils import planner, playbook_inputs
 from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (
     FLAG_BOUNDS,
     OTHER_INT_BOUNDS,
@@ -310,12 +309,9 @@ def flag_value_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
 
 
 def reads_true(value: Any) -> bool:
-    """Whether a boolean input reads as true, as the roles' argument specs (``type: bool``) read it; anything
-    that is no boolean reads as false here (playbooks/validate.yml's second play refuses it, naming it)."""
-    try:
-        return boolean(value, strict=False)
-    except TypeError:  # a list or a mapping
-        return False
+    """Whether a boolean input reads as true, as the roles' `| bool` reads it; anything that is no boolean reads as
+    false here (playbooks/validate.yml's second play refuses it, naming it)."""
+    return playbook_inputs.parse_bool(value) is True
 
 
 def whole_number(name: str, value: Any, low: int, high: int, host: str | None = None) -> tuple[int | None, str | None]:

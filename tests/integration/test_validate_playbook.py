@@ -89,6 +89,10 @@ BAD_INPUT = [
     (["nvidia_driver_reboot=sometimes"],
      "argument 'nvidia_driver_reboot' is of type str and we were unable to convert to bool: The value 'sometimes' is "
      "not a valid boolean. Set it to true or false"),
+    # y/t are booleans to the spec, but the roles' `| bool` reads them as false: refused too, with the words to use.
+    (["nvidia_driver_reboot=y"],
+     "unreachable-1: nvidia_driver_reboot is 'y', which is not a boolean; set it to true or false (yes/no, on/off and "
+     "1/0 work too), e.g. -e nvidia_driver_reboot=true."),
     (["moefleet_allow_unfit=sure"],
      "argument 'moefleet_allow_unfit' is of type str and we were unable to convert to bool: The value 'sure' is not a "
      "valid boolean. Set it to true or false"),

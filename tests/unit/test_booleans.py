@@ -40,8 +40,8 @@ def _role_booleans() -> list[str]:
 # decides on it: bench.yml reads it as bench_apply (| bool), and its one assert only says it is a boolean form.
 RUN_BOOLEANS = [name for name, spec in playbook_inputs.INPUTS.items() if spec.kind == "bool" and name != "apply"]
 BOOLEANS = _role_booleans() + PLAYBOOK_BOOLEANS + RUN_BOOLEANS
-TRUE_FORMS = ["true", "True", "yes", "YES", "1"]
-FALSE_FORMS = ["false", "False", "no", "No", "0"]
+TRUE_FORMS = ["true", "True", "yes", "YES", "on", "1"]
+FALSE_FORMS = ["false", "False", "no", "No", "OFF", "0"]
 CONDITION_KEYS = ("when", "changed_when", "failed_when")
 
 # What the other names in those conditions hold, chosen so that the boolean decides each one.
@@ -135,9 +135,23 @@ def test_the_controller_accepts_what_the_roles_accept(form):
     assert playbook_inputs.parse_bool(form) is (form in TRUE_FORMS or form is True or form == 1)
 
 
-@pytest.mark.parametrize("form", ["maybe", "", "on", "2", 2, None, [], "tru"])
+@pytest.mark.parametrize("form", ["maybe", "", "y", "2", 2, None, [], "tru"])
 def test_the_controller_refuses_anything_else_naming_the_variable(form):
     assert playbook_inputs.bool_problem("nvidia_driver_reboot", form, "gpu-1") == (
         f"nvidia_driver_reboot is {form!r} for gpu-1, which is not a boolean; set it to true or false "
-        "(yes/no and 1/0 work too), e.g. -e nvidia_driver_reboot=true."
+        "(yes/no, on/off and 1/0 work too), e.g. -e nvidia_driver_reboot=true."
     )
+
+
+@pytest.mark.parametrize("form", ["y", "Y", "t", "n", "f", 1.0, 0.0])
+def test_a_form_the_spec_takes_but_bool_misreads_is_refused(form):
+    """Ansible's argument specs (type: bool) take these; `| bool` reads them as false (with a deprecation)."""
+    options = {"nvidia_driver_reboot": {"type": "bool"}, "nvidia_driver_branch": {"type": "str"}}
+    found = playbook_inputs.misread_booleans({"nvidia_driver_reboot": form, "nvidia_driver_branch": "y"}, options)
+    assert found == [playbook_inputs.bool_problem("nvidia_driver_reboot", form)]
+    assert "nvidia_driver_reboot" in found[0] and "set it to true or false" in found[0]
+
+
+@pytest.mark.parametrize("form", [*TRUE_FORMS, *FALSE_FORMS, True, False, 0, 1, "maybe"])
+def test_what_bool_reads_or_the_spec_refuses_is_not_reported_again(form):
+    assert playbook_inputs.misread_booleans({"nvidia_driver_reboot": form}, {"nvidia_driver_reboot": {"type": "bool"}}) == []

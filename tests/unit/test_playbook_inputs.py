@@ -132,11 +132,12 @@ def test_confirm_takes_the_words_the_rollouts_confirmation_reads(value, good):
 @pytest.mark.parametrize("name", ["apply", "moefleet_health_gate", "moefleet_any_errors_fatal",
                                   "moefleet_through_routers"])
 def test_booleans(name):
-    for good in ("yes", "no", "true", "False", "1", "0", True, False):
+    for good in ("yes", "no", "true", "False", "on", "OFF", "1", "0", True, False):
         assert inputs.value_problem(name, good) is None
     assert inputs.value_problem(name, "maybe", "gpu-2") == (
-        f"{name} is 'maybe' for gpu-2, which is not a boolean; set it to true or false (yes/no and 1/0 work too), "
-        f"e.g. -e {name}=true.")
+        f"{name} is 'maybe' for gpu-2, which is not a boolean; set it to true or false (yes/no, on/off and 1/0 work "
+        f"too), e.g. -e {name}=true.")
+    assert inputs.value_problem(name, "y") is not None  # `| bool` reads it as false
 
 
 def test_problems_checks_only_the_tables_names_and_each_once():
@@ -185,8 +186,8 @@ def test_the_filter_validate_yml_calls(monkeypatch):
                          "gpu-1": {"moefleet_max_unavailable": "25%", "apply": "maybe"},
                          "gpu-2": {"moefleet_max_unavailable": "25%", "moefleet_serial": [0]}})
     problems = filters.playbook_input_problems(hostvars, ["gpu-1", "gpu-2"])
-    assert problems[0] == ("apply is 'maybe' for gpu-1, which is not a boolean; set it to true or false (yes/no and "
-                           "1/0 work too), e.g. -e apply=true.")
+    assert problems[0] == ("apply is 'maybe' for gpu-1, which is not a boolean; set it to true or false (yes/no, "
+                           "on/off and 1/0 work too), e.g. -e apply=true.")
     assert problems[1].startswith("moefleet_serial is set in the inventory for gpu-2, ")
     assert problems[1].endswith("""pass it for the run instead: -e '{"moefleet_serial": [1, "25%", "100%"]}'.""")
     assert len(problems) == 2
