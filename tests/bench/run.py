@@ -43,6 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "sim" / "gpu"))
+import devnodes  # noqa: E402  (the stand-in /dev/nvidia* nodes every simulated start opens)
 from playbook import run_playbook, ssh_config_path  # noqa: E402
 from readiness_module import module_command  # noqa: E402
 from simproc import free_port, kill_group  # noqa: E402
@@ -145,11 +147,13 @@ def module_follows(proc: subprocess.Popen, log: Path, limit: float = 10.0) -> fl
     return time.monotonic() - started
 
 
-def one_oom_run(work: Path, model: Path, spec: Path) -> dict:
+def one_oom_run(work: Path, model: Path, spec: Path, dev: Path) -> dict:
     """One injected weight-load OOM; the module's and the baseline's view of it."""
     work.mkdir()
     state = work / "procs"
     state.mkdir()
+    home = work / "home"  # the service user's home, where the simulator writes SGLang's caches
+    home.mkdir()
     log = work / "server.log"
     log.touch()
     port = free_port()
@@ -180,10 +184,13 @@ def one_oom_run(work: Path, model: Path, spec: Path) -> dict:
         "PYTHONPATH": str(SIM_SGLANG),
         "SIM_GPU_SPEC": str(spec),
         "SIM_GPU_STATE_DIR": str(state),
+        "SIM_GPU_DEV_DIR": str(dev),
+        "HOME": str(home),
         "SGLANG_SIM_TIME_SCALE": SIM_TIME_SCALE,
         "SGLANG_SIM_FAULTS": json.dumps(FAULT),
     }
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    for name in ("CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR", "HF_HOME", "HF_MODULES_CACHE", "FLASHINFER_WORKSPACE_BASE"):
+        env.pop(name, None)
     baseline = UriBaseline(port)
     with open(log, "ab") as out:
         sim = subprocess.Popen(
@@ -239,8 +246,10 @@ def oom_latency_bench(runs: int) -> list[dict]:
         subprocess.run([sys.executable, str(MAKE_MODEL_DIR), str(model)], check=True, capture_output=True)
         spec = root / "gpus.json"
         spec.write_text(json.dumps({"count": 8}))
+        dev = root / "dev"  # the driver's device nodes, as a lab host has them (the simulator opens them)
+        devnodes.create(str(dev), 8)
         for i in range(runs):
-            row = one_oom_run(root / f"run-{i:02d}", model, spec)
+            row = one_oom_run(root / f"run-{i:02d}", model, spec, dev)
             rows.append(row)
             lat = f"{row['latency_s'] * 1000:.0f} ms" if row["latency_s"] is not None else "no OOM line seen"
             print(f"run {i + 1:2d}: module {row['state']}/{row['phase']} GPU {row['gpu']}, latency {lat}", flush=True)
