@@ -454,4 +454,3 @@ def run(module) -> None:
             )
         module.exit_json(msg=f"{unit or 'The server'} is ready after {result['elapsed']} s.", **with_outcome(result))
     module.fail_json(msg=params["msg"] or _describe(unit, verdict, probe.last_status), **with_outcome(result))
-
