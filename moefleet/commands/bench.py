@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import difflib
 import json
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -165,19 +164,23 @@ def run_parse(args: argparse.Namespace) -> int:
     return code
 
 
-# Task names of playbooks/bench.yml and playbooks/tasks/bench_profile.yml that progress follows.
-SERVE_TASK = re.compile(r"^Sweep: note the start of profile (?P<k>\d+) of (?P<n>\d+): (?P<profile>\S+)$")
-MEASURE_TASK = re.compile(r"^Sweep: run bench_serving at each concurrency: (?P<profile>\S+) at (?P<ladder>.*)$")
-NOT_SERVED_TASK = re.compile(r"^Sweep: (record a profile that did not serve|require the asked profile itself to "
-                             r"serve): (?P<profile>\S+)$")
-FACTS_TASK = "Gather the host's facts (the service role reads systemd's version; local facts say what serves)"
-REPORT_TASK = "Write the report on the controller"
-RESTORE_TASK = "Serve again what the host served before the sweep, or the winner"
-ROUTERS_OUT_TASK = "Take the host out of the routers for the sweep and let its requests finish"
-ROUTERS_IN_TASK = "Put the host back into the routers and wait until they route to it"
-ROUTERS_STAY_OUT_TASK = "Say that the host stays out of the routers"
-APPLY_TASKS = ("Create the group's vars file with the winner",
-               "Set sglang_profile to the winner in the group's vars file")
+# What the sweep is doing comes from what its tasks return, never from task names: the facts playbooks/bench.yml sets
+# (bench_profiles, the profiles in order; bench_done, one entry per profile measured or not; bench_final_profile,
+# what the host serves afterwards), the sglang_service role's documented facts (sglang_service_phase and its reason,
+# sglang_service_outcome; roles/sglang_service/README.md, Outputs), the modules that ran (setup reaches the host,
+# bench_report writes the report, the routers' tasks/router_member.yml is included) and their registered values
+# (each bench_serving level carries its loop variable bench_concurrency; the inventory change carries a diff).
+SETUP_ACTIONS = frozenset({"setup", "ansible.builtin.setup", "ansible.legacy.setup", "gather_facts",
+                           "ansible.builtin.gather_facts"})
+REPORT_ACTION = "bench_report"  # moefleet.serving.bench_report, however the playbook spells it
+ROUTER_TASKS = "router_member.yml"
+LEVEL_VAR = "bench_concurrency"
+PHASE_WORDS = {"rolling back": "rolling back", "restoring": "restoring the last good unit"}
+_UNSET = object()
+
+
+def _action(data: dict[str, Any]) -> str:
+    return str(data.get("resolved_action") or data.get("task_action") or "")
 
 
 class SweepProgress:
@@ -186,14 +189,28 @@ class SweepProgress:
     def __init__(self, out: TextIO | None = None, clock=time.localtime) -> None:
         self.out = out
         self.clock = clock
-        self.position = ""  # "profile k of n: name"
         self.host = ""
+        self.profiles: list[str] | None = None  # bench_profiles, once the sweep settled them
+        self.done = 0  # profiles measured or given up (bench_done's length)
+        self.final: Any = _UNSET  # bench_final_profile, once the sweep decided what the host serves afterwards
+        self.routed = False
         self.report: dict[str, Any] | None = None
         self.files: dict[str, Any] | None = None
         self.reached_host = False
         self.input_error: str | None = None
         self.failed: list[str] = []
         self.diffs: list[str] = []
+
+    @property
+    def in_sweep(self) -> bool:
+        """Between the first profile and the last one's record (a failure there is the profile's, rescued)."""
+        return self.profiles is not None and self.done < len(self.profiles) and self.final is _UNSET
+
+    @property
+    def position(self) -> str:
+        if not self.in_sweep:
+            return ""
+        return f"profile {self.done + 1} of {len(self.profiles)}: {self.profiles[self.done]}"
 
     def say(self, text: str) -> None:
         stamp = time.strftime("%H:%M:%S", self.clock())
@@ -202,44 +219,38 @@ class SweepProgress:
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
-        task = (data.get("task") or "").strip()
         result = data.get("res") if isinstance(data.get("res"), dict) else {}
         host = data.get("host") or ""
-        if kind == "runner_on_start" and host and host != "localhost":
-            self.started(host, task)
-        elif kind == "runner_item_on_ok" and MEASURE_TASK.match(task):
+        if kind == "runner_on_start" and host and host != "localhost" and _action(data) in SETUP_ACTIONS:
+            if not self.reached_host:
+                self.reached_host = True
+                self.host = host
+                self.say(f"{host}: reading what it serves, planning the sweep")
+        elif kind == "playbook_on_include" and str(data.get("included_file") or "").endswith(ROUTER_TASKS):
+            self.routers()
+        elif kind == "runner_item_on_ok" and result.get("ansible_loop_var") == LEVEL_VAR:
             self.level(result)
         elif kind == "runner_on_ok":
-            self.finished(task, result)
+            self.finished(host, _action(data), result)
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            task = (data.get("task") or "").strip()
             message = " ".join(str(result.get("msg") or f"task {task!r} failed").split())
             if not self.reached_host:
                 self.input_error = self.input_error or message
-            elif not self.position or task == RESTORE_TASK or task.startswith("Write the"):
+            elif not self.in_sweep:  # a profile's failure is rescued and said by its record (did not serve)
                 self.failed.append(message)
                 self.say(f"{host or 'controller'}: failed: {message}")
 
-    def started(self, host: str, task: str) -> None:
-        if task == FACTS_TASK:
-            self.reached_host = True
-            self.host = host
-            self.say(f"{host}: reading what it serves, planning the sweep")
-        elif match := SERVE_TASK.match(task):
-            self.reached_host = True
-            self.position = f"profile {match['k']} of {match['n']}: {match['profile']}"
-            self.say(f"{self.position}: starting")
-        elif match := MEASURE_TASK.match(task):
-            self.say(f"{self.position or match['profile']}: serving; measuring at concurrency {match['ladder']}")
-        elif task == RESTORE_TASK:
-            self.position = ""
-            self.say(f"{host}: serving again what it served before the sweep (or the winner)")
-        elif task == ROUTERS_OUT_TASK:
-            self.say(f"{host}: out of the routers for the sweep (its requests finish first)")
-        elif task == ROUTERS_IN_TASK:
-            self.say(f"{host}: back into the routers")
+    def routers(self) -> None:
+        """tasks/router_member.yml: out before the first profile, back in once the host serves again."""
+        if self.final is _UNSET:
+            self.routed = True
+            self.say(f"{self.host}: out of the routers for the sweep (its requests finish first)")
+        else:
+            self.say(f"{self.host}: back into the routers")
 
     def level(self, result: dict[str, Any]) -> None:
-        concurrency = result.get(result.get("ansible_loop_var") or "bench_concurrency")
+        concurrency = result.get(LEVEL_VAR)
         if result.get("rc") not in (0, None) or result.get("failed"):
             tail = (str(result.get("stderr") or result.get("stdout") or result.get("msg") or "").strip().splitlines()
                     or ["no output"])[-1]
@@ -254,19 +265,40 @@ class SweepProgress:
                  f"tok/s, p99 ITL {_cell('{:.1f}', found['p99_itl_ms'])} ms, p99 TTFT "
                  f"{_cell('{:.0f}', found['p99_ttft_ms'])} ms")
 
-    def finished(self, task: str, result: dict[str, Any]) -> None:
-        if match := NOT_SERVED_TASK.match(task):
-            facts = result.get("ansible_facts") or {}
-            reason = " ".join(str(facts.get("__bench_error") or "").split())
-            self.say(f"{self.position or match['profile']}: did not serve" + (f": {reason}" if reason else ""))
-        elif task == ROUTERS_STAY_OUT_TASK and result.get("msg"):
-            self.say(" ".join(str(result["msg"]).split()))
-        elif task == REPORT_TASK:
+    def finished(self, host: str, action: str, result: dict[str, Any]) -> None:
+        facts = result.get("ansible_facts") or {}
+        if isinstance(facts.get("bench_profiles"), list):
+            self.profiles, self.done = [str(name) for name in facts["bench_profiles"]], 0
+        if isinstance(facts.get("bench_done"), list) and self.profiles is not None:
+            for entry in facts["bench_done"][self.done:]:
+                if isinstance(entry, dict) and entry.get("status") != "ok":
+                    reason = " ".join(str(entry.get("error") or "").split())
+                    said = f"{self.position or entry.get('profile')}: did not serve"
+                    self.say(said + (f": {reason}" if reason else ""))
+                self.done += 1
+        if "bench_final_profile" in facts:
+            self.final = facts["bench_final_profile"]
+            if self.final is None:
+                self.say(f"{host}: stopping SGLang, which served nothing before the sweep"
+                         + ("; it stays out of the routers" if self.routed else ""))
+            else:
+                self.say(f"{host}: serving {self.final} again (what it served before the sweep, or the winner)")
+        phase = facts.get("sglang_service_phase")
+        if phase == "loading" and self.in_sweep:
+            self.say(f"{self.position}: starting")
+        elif phase in PHASE_WORDS:
+            reason = " ".join(str(facts.get("sglang_service_phase_reason") or "").split())
+            where = self.position or host
+            self.say(f"{where}: {PHASE_WORDS[phase]}" + (f": {reason}" if reason else ""))
+        outcome = facts.get("sglang_service_outcome")
+        if isinstance(outcome, dict) and outcome.get("outcome"):
+            self.outcome(host, outcome)
+        if action.endswith(REPORT_ACTION):
             self.report = result.get("report")
             self.files = result.get("files")
-        elif task in APPLY_TASKS and result.get("changed"):
-            diff = result.get("diff")
-            for one in diff if isinstance(diff, list) else [diff] if diff else []:
+        if result.get("changed") and result.get("diff"):  # the winner written to the inventory (diff: true)
+            diff = result["diff"]
+            for one in diff if isinstance(diff, list) else [diff]:
                 before, after = str(one.get("before") or ""), str(one.get("after") or "")
                 if before == after:
                     continue
@@ -274,6 +306,17 @@ class SweepProgress:
                     before.splitlines(keepends=True), after.splitlines(keepends=True),
                     fromfile=str(one.get("before_header") or "before"),
                     tofile=str(one.get("after_header") or "after"))))
+
+    def outcome(self, host: str, outcome: dict[str, Any]) -> None:
+        """The role's recorded outcome: a profile that serves is measured next; after the sweep, where it ended."""
+        serving = outcome.get("serving_profile")
+        if self.in_sweep:
+            if outcome.get("outcome") == "ready" and serving == self.profiles[self.done]:
+                self.say(f"{self.position}: serving; measuring")
+        elif self.final is not _UNSET and self.routed and (outcome.get("outcome") != "ready" or serving != self.final):
+            self.say(f"{host}: stays out of the routers: it does not serve {self.final} as asked (outcome "
+                     f"{outcome.get('outcome')}, serving {serving or 'nothing'}); put it back with "
+                     "playbooks/rollout.yml once it serves")
 
 
 def run_sweep(args: argparse.Namespace) -> int:

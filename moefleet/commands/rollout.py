@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from ansible_collections.moefleet.serving.plugins.callback import moefleet_report
 from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs
+from ansible_collections.moefleet.serving.plugins.module_utils.rollout_report import one_line, render_markdown
 
 from moefleet import runner
 from moefleet.commands._common import add_target_arguments, vault
@@ -172,19 +172,19 @@ class Progress:
         elif kind == "runner_on_ok" and host:
             self.finished(host, result)
         elif kind == "runner_on_failed" and host and not data.get("ignore_errors"):
-            message = _one_line(result.get("msg", "")) or f"task {task!r} failed"
+            message = one_line(result.get("msg", "")) or f"task {task!r} failed"
             if self.checking_input:
                 self.input_error = self.input_error or message
             self.change(host, "failed", message)
         elif kind == "runner_on_unreachable" and host:
-            self.change(host, "unreachable", _one_line(result.get("msg", "")))
+            self.change(host, "unreachable", one_line(result.get("msg", "")))
 
     def finished(self, host: str, result: dict[str, Any]) -> None:
         facts = result.get("ansible_facts") or {}
         phase = facts.get("sglang_service_phase")
         if phase in PHASE_STATES:
             self.checking_input = False
-            reason = _one_line(facts.get("sglang_service_phase_reason") or "")
+            reason = one_line(facts.get("sglang_service_phase_reason") or "")
             self.change(host, PHASE_STATES[phase], reason, force=bool(reason))
         outcome = facts.get("sglang_service_outcome")
         if isinstance(outcome, dict) and outcome.get("outcome") == "ready":
@@ -197,10 +197,6 @@ class Progress:
         stamp = time.strftime("%H:%M:%S", self.clock())
         line = f"{stamp}  {host:<16} {state}" + (f": {detail}" if detail else "")
         print(line, file=self.out or sys.stdout, flush=True)
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 def report_base(path: Path | None, name: str = "rollout") -> Path:
@@ -363,7 +359,7 @@ def plan_rollout(
     behind_routers = bool(first["routers"]) and playbook_inputs.confirmed(through)
     rows, restart, unreachable, no_profile = [], [], [], []
     # cut as Ansible cuts them (and the report callback): playbook_inputs.batches
-    for number, batch in enumerate(moefleet_report.serial_batches(order, serial), start=1):
+    for number, batch in enumerate(playbook_inputs.batches(order, serial), start=1):
         for host in batch:
             asked = looked.ok[host]["msg"]["asked"]
             local = ((facts.ok.get(host) or {}).get("ansible_facts") or {}).get("ansible_local") or {}
@@ -473,8 +469,8 @@ def ask(plan: dict[str, Any], stdin: TextIO | None = None, stderr: TextIO | None
 def _write_report(base: Path, report: dict[str, Any]) -> None:
     base.parent.mkdir(parents=True, exist_ok=True)
     base.with_name(base.name + ".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    # the callback's own Markdown, so a refused run's report reads like any other
-    base.with_name(base.name + ".md").write_text(moefleet_report.render_markdown(report), encoding="utf-8")
+    # the callback's Markdown (module_utils/rollout_report.py), so a refused run's report reads like any other
+    base.with_name(base.name + ".md").write_text(render_markdown(report), encoding="utf-8")
 
 
 def write_refusal_report(base: Path, plan: dict[str, Any]) -> None:

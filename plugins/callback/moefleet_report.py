@@ -37,13 +37,21 @@ requirements:
 
 import json
 import os
-import re
-import shlex
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ansible.plugins.callback import CallbackBase
+from ansible_collections.moefleet.serving.plugins.module_utils.playbook_inputs import batches
+from ansible_collections.moefleet.serving.plugins.module_utils.rollout_report import (
+    collection_version,
+    next_steps,
+    one_line,
+    redact,
+    render_markdown,
+    render_text,
+    scrub,
+)
 
 # What a host does comes from the documented fact sglang_service_phase (roles/sglang_service/README.md, Outputs),
 # never from task or role names: playbooks/serve.yml sets "installing" first, which marks the play that installs
@@ -60,96 +68,7 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
 
 
-def _one_line(text: object) -> str:
-    """The text on one line, whole: advice is never cut (a cut one read "so a higher --m...")."""
-    return " ".join(str(text).split())
-
-
-# An extra variable whose name says it holds a secret is never written, at any depth: a part of its name (split at
-# _ - .) that ends in token, key or keys (hf_token, api_key, apikey) or holds password, secret, vault or credential.
-# Not a count such as max_total_tokens: its value would then also be scrubbed out of every message.
-_SECRET_PART = re.compile(r"(token|key|keys)$|password|passwd|secret|vault|credential", re.IGNORECASE)
-
-
-def secret_name(key: str) -> bool:
-    return any(_SECRET_PART.search(part) for part in re.split(r"[_.\-]+", key) if part)
-
-
-REDACTED = "<redacted>"
 _HIDDEN = "(hidden: the task is no_log)"
-
-
-def _vaulted(value: object) -> bool:
-    """Whether the value came from vault (encrypted, or decrypted and still tagged so)."""
-    if type(value).__name__ in ("EncryptedString", "AnsibleVaultEncryptedUnicode") or hasattr(value, "_ciphertext"):
-        return True
-    if isinstance(value, str) and value.lstrip().startswith("$ANSIBLE_VAULT;"):
-        return True
-    try:
-        from ansible.parsing.vault import VaultHelper
-
-        return VaultHelper.get_ciphertext(value, with_tags=True) is not None
-    except Exception:  # noqa: BLE001 - older ansible-core, or a value it cannot look into: not vaulted
-        return False
-
-
-def redact(value: object, secrets: set[str], key: str = "") -> object:
-    """A plain JSON copy of value with secrets replaced by REDACTED; the secret strings are added to secrets."""
-    if (key and secret_name(key)) or _vaulted(value):
-        _collect_strings(value, secrets)
-        return REDACTED
-    if isinstance(value, dict):
-        return {str(k): redact(v, secrets, str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact(v, secrets) for v in value]
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    return str(value)
-
-
-def _collect_strings(value: object, secrets: set[str]) -> None:
-    if isinstance(value, dict):
-        for item in value.values():
-            _collect_strings(item, secrets)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _collect_strings(item, secrets)
-    elif value is not None and not isinstance(value, bool):
-        try:
-            text = str(value)
-        except Exception:  # noqa: BLE001 - a vaulted value that cannot be decrypted here is not in any message
-            return
-        if len(text) >= 4:
-            secrets.add(text)
-
-
-def scrub(text: str, secrets: set[str]) -> str:
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def collection_version() -> str | None:
-    """moefleet.serving's version: galaxy.yml in a clone, MANIFEST.json in an installed collection."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        match = re.search(r"^version:\s*['\"]?([^'\"\s#]+)", (root / "galaxy.yml").read_text(encoding="utf-8"), re.M)
-        if match:
-            return match.group(1)
-    except OSError:
-        pass
-    try:
-        return str(json.loads((root / "MANIFEST.json").read_text(encoding="utf-8"))["collection_info"]["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def serial_batches(hosts: list[str], serial: object) -> list[list[str]]:
-    """The hosts cut into batches as ansible-core's playbook executor cuts a play with this serial: the one
-    function `moefleet rollout --check` cuts its plan with too (module_utils/playbook_inputs.py)."""
-    from ansible_collections.moefleet.serving.plugins.module_utils.playbook_inputs import batches
-
-    return batches(hosts, serial)
 
 
 def _handled_by_rescue(task) -> bool:
@@ -276,7 +195,7 @@ class CallbackModule(CallbackBase):
         except (AttributeError, TypeError):
             hosts = self._inventory.get_hosts(self._play_pattern, ignore_restrictions=True)
         try:
-            return serial_batches([h.get_name() for h in hosts], getattr(play, "serial", None))
+            return batches([h.get_name() for h in hosts], getattr(play, "serial", None))
         except Exception:  # noqa: BLE001 - a serial value ansible-core itself would refuse: no batches known
             return []
 
@@ -353,7 +272,7 @@ class CallbackModule(CallbackBase):
     def _message(self, data: dict) -> str:
         if data.get("_ansible_no_log") or data.get("censored"):
             return _HIDDEN
-        return scrub(_one_line(data.get("msg", "")), self._secrets)
+        return scrub(one_line(data.get("msg", "")), self._secrets)
 
     def v2_runner_on_ok(self, result) -> None:
         self._result(result, "ok")
@@ -473,164 +392,3 @@ class CallbackModule(CallbackBase):
         self.report_files = (json_path, md_path)
         self._display.display(render_text(report))
         self._display.display(f"Report: {json_path.resolve()} and {md_path.name}")
-
-
-def run_kind(report: dict) -> str:
-    """What the report is of, by its playbook: "deploy" (deploy.yml, moefleet deploy) or "rollout"."""
-    return "deploy" if report.get("playbook") == "deploy.yml" else "rollout"
-
-
-def _command(report: dict, profile: str | None, hosts: list[str]) -> str:
-    words = ["moefleet", run_kind(report)]
-    for source in report.get("inventory") or []:
-        words += ["-i", source]
-    if profile:
-        words += ["-e", f"profile={profile}"]
-    words += ["--limit", ",".join(hosts)]
-    return " ".join(shlex.quote(word) for word in words)
-
-
-def next_steps(report: dict, previous: dict[str, str]) -> list[str]:
-    """When the fleet is left mixed: which hosts serve what, and the commands to resume or to roll back."""
-    rows = report["hosts"]
-    behind = [row for row in rows if row["outcome"] != "ready" or row["serving_profile"] != row["asked_profile"]]
-    if not behind:
-        return []
-    serving: dict[str, list[str]] = {}
-    for row in rows:
-        serving.setdefault(row["serving_profile"] or "", []).append(row["host"])
-    parts = [f"{profile} on {', '.join(hosts)}" for profile, hosts in serving.items() if profile]
-    if "" in serving:
-        parts.append(f"nothing known to serve on {', '.join(serving[''])}")
-    steps = ["Serving now: " + "; ".join(parts) + "."]
-    per_host = "profile" not in (report.get("extra_vars") or {})
-    profile = None if per_host else report.get("asked_profile")
-    broken = [row["host"] for row in behind if row["outcome"] in ("failed", "restored", "degraded", "unreachable")]
-    if broken:
-        steps.append(
-            f"First find out why {', '.join(broken)} did not end on the asked profile: their messages above, "
-            "moefleet status, and moefleet diagnose on the host's journal "
-            "(journalctl -u sglang.service -o export > sglang.export)."
-        )
-    steps.append(
-        f"To resume ({', '.join(row['host'] for row in behind)} to "
-        f"{'each host profile' if per_host else profile}): "
-        f"{_command(report, profile, [row['host'] for row in behind])}"
-    )
-    moved = [
-        row
-        for row in rows
-        if row["outcome"] in ("ready", "degraded")
-        and row["serving_profile"] != previous.get(row["host"])
-        and row["started"] is not None
-    ]
-    back: dict[str, list[str]] = {}
-    for row in moved:
-        back.setdefault(previous.get(row["host"]) or "", []).append(row["host"])
-    for before, hosts in back.items():
-        if before:
-            steps.append(f"To roll {', '.join(hosts)} back to {before}: {_command(report, before, hosts)}")
-        else:
-            steps.append(f"{', '.join(hosts)} served nothing known before this run: no profile to roll back to.")
-    return steps
-
-
-_COLUMNS = (
-    ("host", "host"),
-    ("asked", "asked_profile"),
-    ("serving", "serving_profile"),
-    ("outcome", "outcome"),
-    ("OOMs", "ooms"),
-    ("seconds", "seconds"),
-    ("batch", "batch"),
-)
-_RIGHT = frozenset({"ooms", "seconds"})
-_OUTCOME_NOTES = {"untouched": "untouched (never reached: later batch)"}
-
-
-def _columns(report: dict) -> list[tuple[str, str]]:
-    """The table's columns; batch only when the run knew the batches."""
-    with_batch = any(row.get("batch") is not None for row in report["hosts"])
-    return [(title, key) for title, key in _COLUMNS if key != "batch" or with_batch]
-
-
-def _cells(row: dict, columns: list[tuple[str, str]] | None = None) -> list[str]:
-    cells = []
-    for _, key in columns or _COLUMNS:
-        value = row.get(key)
-        if key == "outcome" and str(row.get("message") or "").startswith("refused at confirmation"):
-            value = f"{value} (refused at confirmation)"
-        elif key == "outcome":
-            value = _OUTCOME_NOTES.get(value, value)
-        if key == "batch" and value is not None and row.get("canary"):
-            value = f"{value} (canary)"
-        cells.append("-" if value is None or value == "" else str(value))
-    return cells
-
-
-def _headline(report: dict) -> str:
-    hosts = report["hosts"]
-    done = sum(1 for row in hosts if row["outcome"] == "ready")
-    line = (
-        f"{run_kind(report).capitalize()} of {report['asked_profile'] or 'each host profile'}: {report['result']}, "
-        f"{done}/{len(hosts)} host(s) serve the asked profile, {report['seconds']} s."
-    )
-    return line + (f" ({report['stopped_by']})" if report.get("stopped_by") else "")
-
-
-def render_text(report: dict) -> str:
-    """The summary table for a terminal."""
-    columns = _columns(report)
-    header = [title for title, _ in columns]
-    body = [_cells(row, columns) for row in report["hosts"]]
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    right = [key in _RIGHT for _, key in columns]
-
-    def fmt(line: list[str]) -> str:
-        cells = (c.rjust(w) if r else c.ljust(w) for c, w, r in zip(line, widths, right, strict=True))
-        return "  ".join(cells).rstrip()
-
-    lines = [_headline(report), fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in body)]
-    lines += [f"{row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
-    if report.get("next_steps"):
-        lines += ["Next steps:", *(f"  {step}" for step in report["next_steps"])]
-    return "\n".join(lines)
-
-
-def _md(text: object) -> str:
-    """Text for a Markdown table cell or list item: pipes escaped, commands kept whole."""
-    return str(text).replace("|", "\\|")
-
-
-def render_markdown(report: dict) -> str:
-    columns = _columns(report)
-    header = [title for title, _ in columns]
-    lines = [
-        f"# {run_kind(report).capitalize()} report: {report.get('asked_profile') or 'each host profile'}",
-        "",
-        f"- Result: **{report.get('result')}**" + (f" ({report['stopped_by']})" if report.get("stopped_by") else ""),
-        f"- Started: {report.get('started')}; ended: {report.get('ended')} ({report.get('seconds')} s)",
-        f"- Playbook: {report.get('playbook')}",
-    ]
-    if report.get("inventory"):
-        lines.append("- Inventory: " + ", ".join(f"`{source}`" for source in report["inventory"]))
-    if report.get("extra_vars"):
-        lines.append(f"- Extra vars (`-e`, secrets redacted): `{json.dumps(report['extra_vars'], sort_keys=True)}`")
-    if report.get("moefleet_version"):
-        lines.append(f"- moefleet.serving: {report['moefleet_version']}")
-    lines += [
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---:" if key in _RIGHT else "---" for _, key in columns) + "|",
-    ]
-    lines += ["| " + " | ".join(_md(cell) for cell in _cells(row, columns)) + " |" for row in report["hosts"]]
-    notes = [f"- {row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
-    if notes:
-        lines += ["", "## Notes", "", *notes]
-    if report.get("next_steps"):
-        lines += ["", "## Next steps", ""]
-        for step in report["next_steps"]:
-            # A command after ": moefleet rollout" (or deploy) is set as code, whole, so that it pastes as it is.
-            head, sep, command = step.partition(f": moefleet {run_kind(report)}")
-            lines.append(f"- {head}: `moefleet {run_kind(report)}{command}`" if sep else f"- {step}")
-    return "\n".join(lines) + "\n"

@@ -23,6 +23,11 @@
     (the inventory without group routers), with it the load goes through the router and the rollout drains
     each host first. Requests sent, failed (and why), p99 latency of the ones that succeeded, the rollout's
     wall time. With the lab, when ``MOEFLEET_BENCH_ROLLOUT=1``.
+
+``--smoke`` runs each part named once at its smallest size (a: one OOM, the uri loop giving up after 2 s; b: one
+host; c: one fault class; d: one profile at concurrency 1; e: as is) and exits 1 when a part measured nothing (no
+number, no OOM detected), naming it; it never judges how fast. tests/bench/test_bench_smoke.py runs it: part a
+in `make unit`, the lab parts as lab tests.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "sim" / "gpu"))
+import devnodes  # noqa: E402  (the stand-in /dev/nvidia* nodes every simulated start opens)
 from playbook import run_playbook, ssh_config_path  # noqa: E402
 from readiness_module import module_command  # noqa: E402
 from simproc import free_port, kill_group  # noqa: E402
@@ -59,6 +66,16 @@ WATCH_EVERY = 0.005  # seconds between the watcher's reads of the log file
 MODULE_TIMEOUT = 30  # the module's own timeout in this bench (the role's default is 2700 s)
 BASELINE_TIMEOUT = 15.0  # the uri loop's give-up time, capped below MODULE_TIMEOUT to keep the bench short
 BASELINE_DELAY = 1.0  # seconds between the uri loop's tries (`until:` ... `delay: 1`)
+SMOKE_BASELINE_TIMEOUT = 2.0  # --smoke: the uri loop only has to show that it gives up
+
+# --smoke: what a part failed to measure, one sentence each; main() exits 1 when any is here.
+UNMEASURED: list[str] = []
+
+
+def measured(ok: bool, what: str) -> None:
+    """Note a part that measured nothing (--smoke exits 1 on it)."""
+    if not ok:
+        UNMEASURED.append(what)
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -100,16 +117,17 @@ class Watcher(threading.Thread):
 class UriBaseline(threading.Thread):
     """ansible.builtin.uri with ``until: status == 200``: GET /health once a second until the timeout."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, timeout: float = BASELINE_TIMEOUT) -> None:
         super().__init__(daemon=True)
         self.url = f"http://127.0.0.1:{port}/health"
+        self.timeout = timeout
         self.tries = 0
         self.last = "not tried"
         self.ready = False
         self.ended_at: float | None = None
 
     def run(self) -> None:
-        deadline = time.monotonic() + BASELINE_TIMEOUT
+        deadline = time.monotonic() + self.timeout
         while True:
             self.tries += 1
             try:
@@ -145,11 +163,13 @@ def module_follows(proc: subprocess.Popen, log: Path, limit: float = 10.0) -> fl
     return time.monotonic() - started
 
 
-def one_oom_run(work: Path, model: Path, spec: Path) -> dict:
+def one_oom_run(work: Path, model: Path, spec: Path, dev: Path, baseline_timeout: float) -> dict:
     """One injected weight-load OOM; the module's and the baseline's view of it."""
     work.mkdir()
     state = work / "procs"
     state.mkdir()
+    home = work / "home"  # the service user's home, where the simulator writes SGLang's caches
+    home.mkdir()
     log = work / "server.log"
     log.touch()
     port = free_port()
@@ -180,11 +200,15 @@ def one_oom_run(work: Path, model: Path, spec: Path) -> dict:
         "PYTHONPATH": str(SIM_SGLANG),
         "SIM_GPU_SPEC": str(spec),
         "SIM_GPU_STATE_DIR": str(state),
+        "SIM_GPU_DEV_DIR": str(dev),
+        "HOME": str(home),
         "SGLANG_SIM_TIME_SCALE": SIM_TIME_SCALE,
         "SGLANG_SIM_FAULTS": json.dumps(FAULT),
     }
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    baseline = UriBaseline(port)
+    for name in ("CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR", "HF_HOME", "HF_MODULES_CACHE",
+                 "FLASHINFER_WORKSPACE_BASE"):
+        env.pop(name, None)
+    baseline = UriBaseline(port, baseline_timeout)
     with open(log, "ab") as out:
         sim = subprocess.Popen(
             [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port), *SIM_FLAGS],
@@ -224,12 +248,12 @@ def one_oom_run(work: Path, model: Path, spec: Path) -> dict:
     }
 
 
-def oom_latency_bench(runs: int) -> list[dict]:
+def oom_latency_bench(runs: int, baseline_timeout: float = BASELINE_TIMEOUT) -> list[dict]:
     print(f"## (a) OOM detection latency: sglang_readiness (log_path mode) vs a uri loop on /health, {runs} runs\n")
     print(
         f"Simulator: sim/sglang `{' '.join(SIM_FLAGS)}`, SGLANG_SIM_TIME_SCALE={SIM_TIME_SCALE}, "
         f"fault oom_weight_load; module timeout {MODULE_TIMEOUT} s; uri loop every {BASELINE_DELAY:g} s "
-        f"until {BASELINE_TIMEOUT:g} s; watcher reads the log every {WATCH_EVERY * 1000:g} ms.\n",
+        f"until {baseline_timeout:g} s; watcher reads the log every {WATCH_EVERY * 1000:g} ms.\n",
         flush=True,
     )
     rows = []
@@ -239,19 +263,30 @@ def oom_latency_bench(runs: int) -> list[dict]:
         subprocess.run([sys.executable, str(MAKE_MODEL_DIR), str(model)], check=True, capture_output=True)
         spec = root / "gpus.json"
         spec.write_text(json.dumps({"count": 8}))
+        dev = root / "dev"  # the driver's device nodes, as a lab host has them (the simulator opens them)
+        try:
+            devnodes.create(str(dev), 8)
+        except PermissionError:
+            print("(a) needs root (CAP_MKNOD) for the simulator's stand-in /dev/nvidia* nodes: not run.")
+            measured(False, "(a): not run without CAP_MKNOD")
+            return []
         for i in range(runs):
-            row = one_oom_run(root / f"run-{i:02d}", model, spec)
+            row = one_oom_run(root / f"run-{i:02d}", model, spec, dev, baseline_timeout)
             rows.append(row)
             lat = f"{row['latency_s'] * 1000:.0f} ms" if row["latency_s"] is not None else "no OOM line seen"
             print(f"run {i + 1:2d}: module {row['state']}/{row['phase']} GPU {row['gpu']}, latency {lat}", flush=True)
         print("\nwaiting for the uri loops to give up ...", flush=True)
         for row in rows:
-            row["baseline"].join(BASELINE_TIMEOUT + 10)
-    report(rows)
+            row["baseline"].join(baseline_timeout + 10)
+    report(rows, baseline_timeout)
+    detected = [row for row in rows if row["latency_s"] is not None and row["state"] == "oom"]
+    measured(len(detected) == len(rows), f"(a): the module reported the OOM in {len(detected)} of {len(rows)} runs "
+             f"(verdicts: {', '.join(sorted({str(row['state']) + '/' + str(row['phase']) for row in rows}))})")
+    measured(all(row["baseline"].ended_at for row in rows), "(a): a uri loop did not give up")
     return rows
 
 
-def report(rows: list[dict]) -> None:
+def report(rows: list[dict], baseline_timeout: float) -> None:
     detected = [r for r in rows if r["latency_s"] is not None and r["state"] == "oom"]
     lat = [r["latency_s"] for r in detected]
     print("\n| detector | runs | OOM reported | cause known | p50 | p95 | max | measured from |")
@@ -276,7 +311,7 @@ def report(rows: list[dict]) -> None:
     lasts = sorted({r["baseline"].last for r in rows})
     print(
         f"\nBaseline: {len(total)} loops ran for {min(total, default=0):.1f}-{max(total, default=0):.1f} s each "
-        f"(timeout {BASELINE_TIMEOUT:g} s, a real `until`/`retries` loop would wait its whole timeout: "
+        f"(timeout {baseline_timeout:g} s, a real `until`/`retries` loop would wait its whole timeout: "
         f"{MODULE_TIMEOUT} s here, 2700 s with the role's default); {saw_ready} saw the server ready. "
         f"All it can report is its last answer: {'; '.join(lasts)}. It cannot say the server died, nor why."
     )
@@ -309,7 +344,7 @@ def _fresh_lab(inventory: Path, hosts: int) -> None:
     _playbook(inventory, "sim/playbooks/prepare.yml")
 
 
-def rollout_bench() -> None:
+def rollout_bench(smoke: bool = False) -> None:
     """(b) Rollout wall time on 1, 2, 4 and 8 fresh lab hosts (bare hosts to tp8 serving, canary then
     batches) and a no-change rerun on each; (c) rollback time per fault class on one host: from the start
     of a deploy whose asked profile fails to the play's end with the remedy serving."""
@@ -323,10 +358,11 @@ def rollout_bench() -> None:
     print(f"{'hosts':>5}  {'rollout s':>9}  {'s/host':>7}  {'x 1 host':>8}  {'rerun s':>8}  {'x 1 host':>8}  rc")
     base = None
     try:
-        for hosts in map(int, os.environ.get("MOEFLEET_BENCH_HOSTS", "1 2 4 8").split()):
+        for hosts in map(int, ("1" if smoke else os.environ.get("MOEFLEET_BENCH_HOSTS", "1 2 4 8")).split()):
             _fresh_lab(inventory, hosts)
             cold, rc1 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
             warm, rc2 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
+            measured(rc1 == rc2 == 0, f"(b): the rollout to {hosts} host(s) or its rerun failed (rc {rc1}, {rc2})")
             base = base or (cold, warm)
             print(f"{hosts:>5}  {cold:>9.1f}  {cold / hosts:>7.1f}  {cold / base[0]:>8.2f}  {warm:>8.1f}  "
                   f"{warm / base[1]:>8.2f}  {rc1},{rc2}", flush=True)
@@ -335,8 +371,9 @@ def rollout_bench() -> None:
         print(f"{'fault':<16} {'asked':<7} {'seconds':>7}  rc  ends on")
         _fresh_lab(inventory, 1)
         _playbook(inventory, "deploy.yml", "profile=tp2ep4")
-        for fault, asked in (("oom_weight_load", "tp8"), ("oom_kv_cache", "tp4ep2"), ("oom_cuda_graph", "ep8"),
-                             ("hang", "tp8"), ("crash", "tp4ep2"), ("port_in_use", "ep8")):
+        faults = (("oom_weight_load", "tp8"), ("oom_kv_cache", "tp4ep2"), ("oom_cuda_graph", "ep8"),
+                  ("hang", "tp8"), ("crash", "tp4ep2"), ("port_in_use", "ep8"))
+        for fault, asked in faults[:1] if smoke else faults:
             _playbook(inventory, "deploy.yml", "profile=tp2ep4")  # back to the same start each time
             faults = json.dumps({"sim_faults": [{"fault": fault, "profile": asked}]})
             seconds, rc = _playbook(inventory, "deploy.yml", f"profile={asked}", faults)
@@ -345,6 +382,7 @@ def rollout_bench() -> None:
             ends = json.loads(facts or "{}")
             print(f"{fault:<16} {asked:<7} {seconds:>7.1f}  {rc:>2}  {ends.get('serving_profile')} "
                   f"({ends.get('outcome')})", flush=True)
+            measured(bool(ends.get("serving_profile")), f"(c): after {fault} on {asked} the host serves nothing known")
     finally:
         _lab("down", "--name", "bench", "--inventory", str(inventory))
 
@@ -435,6 +473,7 @@ def router_bench() -> None:
         totals, rc = _rollout_under_load(inventory, [f"http://{router}:30000"], "profile=ep8", extra)
         rows.append(("through router", totals, rc))
         for path, t, rc in rows:
+            measured(t["sent"] > 0 and t["p99_s"] is not None, f"(e) {path}: no request succeeded to time")
             p99 = f"{t['p99_s']:.2f}" if t["p99_s"] is not None else "-"
             print(f"{path:<16} {t['sent']:>5} {t['failed']:>6} {p99:>6} {t['rollout_s']:>9.1f}  {rc:>2}  "
                   f"{json.dumps(t['failures'])}", flush=True)
@@ -461,7 +500,7 @@ def sweep_table(report: dict) -> None:
     print()
 
 
-def sweep_bench(report_file: Path | None = None) -> None:
+def sweep_bench(report_file: Path | None = None, smoke: bool = False) -> None:
     """(d) The sweep on one fresh lab host: its report's timings and summary."""
     if report_file is not None:
         sweep_table(json.loads(report_file.read_text(encoding="utf-8")))
@@ -474,15 +513,20 @@ def sweep_bench(report_file: Path | None = None) -> None:
     try:
         _fresh_lab(inventory, 1)
         _playbook(inventory, "deploy.yml", "profile=tp2ep4")
-        extra = json.dumps({"profiles": ["tp8", "pp8", "ep8", "tp2ep4"],
+        extra = json.dumps({"profiles": ["tp8"] if smoke else ["tp8", "pp8", "ep8", "tp2ep4"],
+                            **({"bench_ladder": [1]} if smoke else {}),
                             "bench_report_dir": str(reports), "bench_report_stem": "bench-make-bench",
                             "bench_service_extra_env": {"SGLANG_SIM_SERVE_TIME_SCALE": "4"}})
         seconds, rc = _playbook(inventory, "playbooks/bench.yml", extra)
         report = reports / "bench-make-bench.json"
         if rc != 0 or not report.is_file():
             print(f"## (d) benchmark sweep: failed (rc {rc}) after {seconds:.0f} s; no report")
+            measured(False, f"(d): the sweep failed (rc {rc}) without a report")
             return
-        sweep_table(json.loads(report.read_text(encoding="utf-8")))
+        written = json.loads(report.read_text(encoding="utf-8"))
+        measured(any((p.get("timing_s") or {}).get("total") for p in written.get("profiles", [])),
+                 "(d): the sweep's report times no profile")
+        sweep_table(written)
         print(f"ansible-playbook wall time: {seconds:.1f} s (validation, the sweep, the report, the redeploy)\n")
         print((reports / "bench-make-bench.md").read_text(encoding="utf-8"))
     finally:
@@ -502,6 +546,8 @@ def main() -> int:
     parser.add_argument("--parts", default="abcde", metavar="LETTERS",
                         help="which parts to run, e.g. --parts e (default abcde; b and c run together); a lab part "
                              "named here runs without MOEFLEET_BENCH_ROLLOUT=1")
+    parser.add_argument("--smoke", action="store_true",
+                        help="each part named once at its smallest size; exit 1 when one measured nothing")
     args = parser.parse_args()
     if args.sweep_report is not None:
         sweep_bench(args.sweep_report)
@@ -514,13 +560,16 @@ def main() -> int:
     if parts != set("abcde"):  # parts named one by one: the lab ones run without the variable
         os.environ["MOEFLEET_BENCH_ROLLOUT"] = "1"
     if "a" in parts:
-        oom_latency_bench(args.runs)
+        oom_latency_bench(1 if args.smoke else args.runs, SMOKE_BASELINE_TIMEOUT if args.smoke else BASELINE_TIMEOUT)
     if parts & {"b", "c"}:
-        rollout_bench()
+        rollout_bench(args.smoke)
     if "d" in parts:
-        sweep_bench()
+        sweep_bench(smoke=args.smoke)
     if "e" in parts:
         router_bench()
+    if args.smoke and UNMEASURED:
+        print("smoke: measured nothing in " + "; ".join(UNMEASURED), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,10 +12,8 @@ instead: pip from the Python's own ensurepip, then the pinned pip from PyPI veri
 file (the pinned pip uses the system's certificates by itself).
 
 ignore-2.19.txt (ansible-test allows no comments in it) holds: missing-gplv3-license for every plugin (the
-collection is Apache-2.0, galaxy.yml); use-run-command-not-popen for sglang_readiness (it follows
-`journalctl --follow` line by line while it polls HTTP, and run_command returns only when the command ends);
-shebang for the scripts the sglang_service and sglang_router roles install on hosts (systemd runs them; they
-are not modules).
+collection is Apache-2.0, galaxy.yml); shebang for the scripts the sglang_service and sglang_router roles
+install on hosts (systemd runs them; they are not modules).
 """
 
 from __future__ import annotations

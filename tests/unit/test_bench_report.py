@@ -222,62 +222,118 @@ P99 ITL (ms):                            61.73
 
 
 def test_cli_progress_follows_the_sweeps_events():
-    """moefleet bench run's progress lines from ansible-runner events named as playbooks/bench.yml names them."""
+    """moefleet bench run's progress lines from what the sweep's tasks return (facts, modules, loop variables),
+    whatever the tasks are named: every task here is named "x"."""
     from moefleet.commands.bench import SweepProgress
 
     out = io.StringIO()
     progress = SweepProgress(out=out, clock=lambda: (2026, 12, 1, 4, 5, 6, 0, 335, 0))
 
-    def event(kind, task, host="itest-1", **res):
-        progress({"event": kind, "event_data": {"task": task, "host": host, "res": res}})
+    def event(kind, host="itest-1", action="ansible.builtin.set_fact", **res):
+        progress({"event": kind, "event_data": {"task": "x", "host": host, "resolved_action": action, "res": res}})
 
-    event("runner_on_start", "Take the host out of the routers for the sweep and let its requests finish")
-    event("runner_on_start", "Sweep: note the start of profile 1 of 2: pp8")
-    event("runner_on_ok", "Sweep: record a profile that did not serve: pp8",
-          ansible_facts={"__bench_error": "itest-1 does not serve pp8: outcome failed"})
-    event("runner_on_start", "Sweep: note the start of profile 2 of 2: tp2ep4")
-    event("runner_on_start", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64")
-    event("runner_item_on_ok", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64", rc=0, stdout=BLOCK,
-          bench_concurrency=64, ansible_loop_var="bench_concurrency")
-    event("runner_item_on_ok", "Sweep: run bench_serving at each concurrency: tp2ep4 at 1, 64", rc=1,
+    def facts(host="itest-1", **values):
+        event("runner_on_ok", host=host, ansible_facts=values)
+
+    def included(path):
+        progress({"event": "playbook_on_include", "event_data": {"included_file": path}})
+
+    event("runner_on_start", action="ansible.builtin.assert")
+    assert not progress.reached_host  # the input checks run on the host's name only
+    event("runner_on_start", action="ansible.builtin.setup")
+    facts(bench_profiles=["pp8", "tp2ep4"], bench_done=[])
+    included("/c/playbooks/tasks/router_member.yml")
+    facts(sglang_service_outcome={})  # the sweep clears the last profile's outcome
+    facts(sglang_service_phase="loading", sglang_service_phase_reason="")
+    event("runner_on_failed", action="moefleet.serving.sglang_readiness", msg="pp8 ran out of memory")  # rescued
+    facts(sglang_service_phase="rolling back", sglang_service_phase_reason="OOM while loading weights")
+    facts(sglang_service_outcome={"outcome": "degraded", "serving_profile": "tp8"})
+    facts(__bench_status="failed", __bench_error="outcome degraded, serving tp8")
+    facts(bench_done=[{"profile": "pp8", "status": "failed", "error": "outcome degraded, serving tp8"}])
+    facts(sglang_service_phase="loading", sglang_service_phase_reason="")
+    facts(sglang_service_outcome={"outcome": "ready", "serving_profile": "tp2ep4"})
+    event("runner_item_on_ok", action="ansible.builtin.command", rc=0, stdout=BLOCK, bench_concurrency=64,
+          ansible_loop_var="bench_concurrency")
+    event("runner_item_on_ok", action="ansible.builtin.command", rc=1,
           stderr="Traceback\nConnectionRefusedError: [Errno 111]", bench_concurrency=256,
           ansible_loop_var="bench_concurrency")
-    event("runner_on_ok", "Write the report on the controller", host="localhost",
+    facts(bench_done=[{"profile": "pp8", "status": "failed"}, {"profile": "tp2ep4", "status": "ok"}])
+    event("runner_on_ok", host="localhost", action="moefleet.serving.bench_report",
           report={"recommendation": {"throughput": "tp2ep4"}}, files={"plots": []})
-    event("runner_on_start", "Serve again what the host served before the sweep, or the winner")
-    event("runner_on_start", "Put the host back into the routers and wait until they route to it")
+    facts(bench_final_profile="tp8")
+    facts(sglang_service_phase="loading", sglang_service_phase_reason="")
+    facts(sglang_service_outcome={"outcome": "ready", "serving_profile": "tp8"})
+    included("/c/playbooks/tasks/router_member.yml")
+    event("runner_on_failed", action="moefleet.serving.gateway_route", msg="the router does not route to itest-1")
     assert out.getvalue().splitlines() == [
+        "04:05:06  itest-1: reading what it serves, planning the sweep",
         "04:05:06  itest-1: out of the routers for the sweep (its requests finish first)",
         "04:05:06  profile 1 of 2: pp8: starting",
-        "04:05:06  profile 1 of 2: pp8: did not serve: itest-1 does not serve pp8: outcome failed",
+        "04:05:06  profile 1 of 2: pp8: rolling back: OOM while loading weights",
+        "04:05:06  profile 1 of 2: pp8: did not serve: outcome degraded, serving tp8",
         "04:05:06  profile 2 of 2: tp2ep4: starting",
-        "04:05:06  profile 2 of 2: tp2ep4: serving; measuring at concurrency 1, 64",
+        "04:05:06  profile 2 of 2: tp2ep4: serving; measuring",
         "04:05:06  profile 2 of 2: tp2ep4: concurrency 64: 1290.6 output tok/s, p99 ITL 61.7 ms, p99 TTFT 2410 ms",
         "04:05:06  profile 2 of 2: tp2ep4: concurrency 256: bench_serving exited 1: "
         "ConnectionRefusedError: [Errno 111]",
-        "04:05:06  itest-1: serving again what it served before the sweep (or the winner)",
+        "04:05:06  itest-1: serving tp8 again (what it served before the sweep, or the winner)",
         "04:05:06  itest-1: back into the routers",
+        "04:05:06  itest-1: failed: the router does not route to itest-1",
     ]
     assert progress.report == {"recommendation": {"throughput": "tp2ep4"}} and progress.reached_host
+    assert progress.failed == ["the router does not route to itest-1"]  # the rescued readiness failure is not one
 
 
-def test_cli_progress_knows_the_playbooks_task_names():
-    """The task names SweepProgress follows are those of playbooks/bench.yml and tasks/bench_profile.yml."""
+def test_cli_progress_says_when_the_host_stays_out_of_the_routers():
+    from moefleet.commands.bench import SweepProgress
+
+    out = io.StringIO()
+    progress = SweepProgress(out=out, clock=lambda: (2026, 12, 1, 4, 5, 6, 0, 335, 0))
+    for kind, data in (("runner_on_start", {"resolved_action": "ansible.builtin.setup"}),
+                       ("runner_on_ok", {"res": {"ansible_facts": {"bench_profiles": ["ep8"]}}}),
+                       ("playbook_on_include", {"included_file": "/c/playbooks/tasks/router_member.yml"}),
+                       ("runner_on_ok", {"res": {"ansible_facts": {"bench_done": [{"profile": "ep8",
+                                                                                   "status": "ok"}]}}}),
+                       ("runner_on_ok", {"res": {"ansible_facts": {"bench_final_profile": "tp8"}}}),
+                       ("runner_on_ok", {"res": {"ansible_facts": {
+                           "sglang_service_outcome": {"outcome": "restored", "serving_profile": "tp4"}}}})):
+        progress({"event": kind, "event_data": {"task": "x", "host": "gpu-01", **data}})
+    assert out.getvalue().splitlines()[-1] == (
+        "04:05:06  gpu-01: stays out of the routers: it does not serve tp8 as asked (outcome restored, serving tp4); "
+        "put it back with playbooks/rollout.yml once it serves")
+
+
+def _tasks(items):
+    """Every task of a task list, blocks opened."""
+    for task in items or []:
+        yield task
+        for section in ("block", "rescue", "always"):
+            yield from _tasks(task.get(section))
+
+
+def test_the_sweep_publishes_what_the_progress_reads():
+    """What SweepProgress reads is what playbooks/bench.yml, tasks/bench_profile.yml and the sglang_service role set
+    (facts, modules, the level loop variable), not their task names."""
+    import yaml
+
     from moefleet.commands import bench
 
-    root = Path(__file__).resolve().parents[2] / "playbooks"
-    names = [line.split("name:", 1)[1].strip().strip('"') for path in (root / "bench.yml",
-                                                                        root / "tasks" / "bench_profile.yml")
-             for line in path.read_text().splitlines() if line.strip().startswith("- name:")]
-    rendered = [name.replace("{{ (bench_index + 1) ~ ' of ' ~ (bench_profiles | length) ~ ': ' ~ bench_profile }}",
-                             "2 of 3: ep8")
-                    .replace("{{ bench_profile ~ ' at ' ~ (bench_ladder | join(', ')) }}", "ep8 at 1, 64")
-                    .replace("{{ bench_profile }}", "ep8") for name in names]
-    for pattern in (bench.SERVE_TASK, bench.MEASURE_TASK, bench.NOT_SERVED_TASK):
-        assert any(pattern.match(name) for name in rendered), pattern.pattern
-    for name in (bench.REPORT_TASK, bench.RESTORE_TASK, bench.FACTS_TASK, *bench.APPLY_TASKS, bench.ROUTERS_OUT_TASK,
-                 bench.ROUTERS_IN_TASK, bench.ROUTERS_STAY_OUT_TASK):
-        assert name in names, name
+    root = Path(__file__).resolve().parents[2]
+    plays = yaml.safe_load((root / "playbooks" / "bench.yml").read_text())
+    tasks = [t for play in plays for t in _tasks(play.get("tasks"))]
+    tasks += list(_tasks(yaml.safe_load((root / "playbooks" / "tasks" / "bench_profile.yml").read_text())))
+    set_facts = {key for t in tasks for key in (t.get("ansible.builtin.set_fact") or {})}
+    assert {"bench_profiles", "bench_done", "bench_final_profile"} <= set_facts
+    modules = {key for t in tasks for key in t if "." in key}
+    assert any(module.endswith(bench.REPORT_ACTION) for module in modules)
+    assert modules & bench.SETUP_ACTIONS
+    assert any(str(t.get("ansible.builtin.include_tasks", "")).endswith(bench.ROUTER_TASKS) for t in tasks)
+    assert any((t.get("loop_control") or {}).get("loop_var") == bench.LEVEL_VAR for t in tasks)
+    record = next(t for t in tasks if "bench_done" in (t.get("ansible.builtin.set_fact") or {}) and "vars" in t)
+    assert {"profile", "status", "error"} <= set(record["vars"]["_entry"])
+    role = "\n".join(path.read_text() for path in (root / "roles" / "sglang_service" / "tasks").glob("*.yml"))
+    for phase in ("loading", *bench.PHASE_WORDS):
+        assert f"'{phase}'" in role, phase
 
 
 def test_cli_shows_the_inventory_change_as_a_unified_diff():

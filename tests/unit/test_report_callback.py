@@ -1,4 +1,5 @@
-"""The moefleet_report callback fed with synthetic events, in the order a rollout sends them."""
+"""The moefleet_report callback fed with synthetic events, in the order a rollout sends them; the report logic it
+shares with the CLI (module_utils/rollout_report.py: rendering, next steps, redaction) through it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from types import SimpleNamespace
 
 import jsonschema
 import pytest
+from ansible_collections.moefleet.serving.plugins.module_utils import rollout_report
+from ansible_collections.moefleet.serving.plugins.module_utils.playbook_inputs import batches
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "plugins" / "callback" / "moefleet_report.py"
@@ -404,7 +407,7 @@ def test_render_text_aligns_columns():
              "seconds": None, "message": ""},
         ],
     }
-    lines = plugin.render_text(report).splitlines()
+    lines = rollout_report.render_text(report).splitlines()
     assert lines[0] == "Rollout of ep8: stopped, 0/2 host(s) serve the asked profile, 12.0 s."
     assert lines[1].split() == ["host", "asked", "serving", "outcome", "OOMs", "seconds"]
     assert lines[3].split() == ["lab-1", "ep8", "tp8", "restored", "1", "10.5"]
@@ -443,15 +446,15 @@ def test_report_records_inventory_extra_vars_version_and_batches(tmp_path):
 
 
 def test_batches_follow_the_serial_as_ansible_cuts_it():
-    assert plugin.serial_batches(["a", "b", "c", "d", "e"], [1, "25%", "100%"]) == [["a"], ["b"], ["c", "d", "e"]]
-    assert plugin.serial_batches(["a", "b", "c"], []) == [["a", "b", "c"]]
-    assert plugin.serial_batches(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
-    # moefleet rollout --check cuts its plan with the same function
+    assert batches(["a", "b", "c", "d", "e"], [1, "25%", "100%"]) == [["a"], ["b"], ["c", "d", "e"]]
+    assert batches(["a", "b", "c"], []) == [["a", "b", "c"]]
+    assert batches(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+    # the callback and moefleet rollout --check cut with this one function
     hosts = [f"h{i}" for i in range(10)]
-    assert plugin.serial_batches(hosts, [1, "25%", "100%"]) == [["h0"], ["h1", "h2"], hosts[3:]]
-    assert plugin.serial_batches(hosts[:5], [1, 2]) == [["h0"], ["h1", "h2"], ["h3", "h4"]]
-    assert plugin.serial_batches(hosts[:3], [0]) == [hosts[:3]]
-    assert plugin.serial_batches(hosts[:3], ["10%"]) == [["h0"], ["h1"], ["h2"]]  # at least one host a batch
+    assert batches(hosts, [1, "25%", "100%"]) == [["h0"], ["h1", "h2"], hosts[3:]]
+    assert batches(hosts[:5], [1, 2]) == [["h0"], ["h1", "h2"], ["h3", "h4"]]
+    assert batches(hosts[:3], [0]) == [hosts[:3]]
+    assert batches(hosts[:3], ["10%"]) == [["h0"], ["h1"], ["h2"]]  # at least one host a batch
 
 
 SENTINELS = {
@@ -576,8 +579,9 @@ def test_counts_named_like_tokens_are_kept_and_not_scrubbed_from_messages(tmp_pa
     assert report["extra_vars"]["sglang_service_extra_flags"] == {"max_total_tokens": 50000}
     assert report["extra_vars"]["moefleet_router_admin_key"] == report["extra_vars"]["apikey"] == "<redacted>"
     assert report["hosts"][0]["message"] == "the KV pool holds 31000 of the 50000 tokens asked"
-    assert [plugin.secret_name(n) for n in ("hf_token", "HF_TOKEN", "api_key", "apikey", "tokens", "keycloak_url",
-                                            "max_prefill_tokens", "ssh_keys", "vault_password_file")] == [
+    names = ("hf_token", "HF_TOKEN", "api_key", "apikey", "tokens", "keycloak_url", "max_prefill_tokens", "ssh_keys",
+             "vault_password_file")
+    assert [rollout_report.secret_name(n) for n in names] == [
         True, True, True, True, False, False, False, True, True]
 
 

@@ -1,5 +1,6 @@
-"""The sglang_readiness module, run as Ansible runs it (a child process reading its args file), against a
-log file written by a thread and a tiny HTTP server on a random local port.
+"""The sglang_readiness module, run in-process as ceph-ansible's ca_test_common does (its arguments set, exit_json
+and fail_json raising: tests/readiness_module.py), in a thread while the test writes its log file, against a tiny
+HTTP server on a random local port. tests/bench/run.py runs it as Ansible does, as a child process.
 
 The latency asserted here is generous (< 3 s) to stay clear of slow CI machines; the precise number
 belongs to the benchmark.
@@ -8,14 +9,13 @@ belongs to the benchmark.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from readiness_module import module_command
+from readiness_module import ModuleRun, run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "data" / "sglang-logs"
@@ -81,23 +81,9 @@ def fake_server():
     server.close()
 
 
-def start_module(tmp_path: Path, args: dict, check_mode: bool = False) -> subprocess.Popen:
-    args_file = tmp_path / "args.json"
-    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check_mode}}))
-    return subprocess.Popen(
-        module_command(args_file),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[dict, float]:
-    """The module's JSON result and the wall-clock time it exited."""
-    out, err = proc.communicate(timeout=timeout)
-    ended = time.monotonic()
-    assert out.strip(), f"no result; stderr: {err}"
-    return json.loads(out), ended
+def start_module(args: dict, check_mode: bool = False) -> ModuleRun:
+    """The module running in a thread with these arguments."""
+    return ModuleRun(args, check_mode).start()
 
 
 def write_lines(path: Path, lines: list[str]) -> None:
@@ -117,9 +103,7 @@ def test_ready_when_http_answers_and_the_args_match(tmp_path, fake_server):
     log = tmp_path / "server.log"
     before, after = split_at("18-ready-qwq32b-tp4-pcie-avail-mem-2.09.log", "Uvicorn running on")
     write_lines(log, before)
-    proc = start_module(
-        tmp_path,
-        {
+    run = start_module({
             "log_path": str(log),
             "url": fake_server.url,
             "api_key": "s3cret",
@@ -135,8 +119,8 @@ def test_ready_when_http_answers_and_the_args_match(tmp_path, fake_server):
     time.sleep(1.0)
     write_lines(log, after)
     fake_server.ready.set()
-    result, _ = finish(proc)
-    assert proc.returncode == 0, result
+    result, _ = run.finish()
+    assert run.failed is False, result
     assert result["state"] == "ready" and not result.get("failed")
     assert result["changed"] is False
     assert result["mismatches"] == [] and result["server_info"]["tp_size"] == 8
@@ -153,14 +137,14 @@ def test_oom_is_reported_within_a_second_of_its_line(tmp_path, fake_server):
     # SGLang writes the child's traceback as one record: "Scheduler hit an exception: ..." up to the OOM
     before, after = split_at(OOM_LOG, "Scheduler hit an exception")
     write_lines(log, before)
-    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "timeout": 60})
+    run = start_module({"log_path": str(log), "url": fake_server.url, "timeout": 60})
     time.sleep(1.5)  # the module is following the file by now
-    assert proc.poll() is None, "the module decided before the deciding line"
+    assert run.running(), "the module decided before the deciding line"
     written = time.monotonic()
     write_lines(log, after)
-    result, ended = finish(proc)
+    result, ended = run.finish()
     assert ended - written < 3.0
-    assert proc.returncode == 1 and result["failed"] is True
+    assert run.failed is True and result["failed"] is True
     assert (result["state"], result["phase"]) == ("oom", "weight_load")
     assert result["oom"] == {
         "phase": "weight_load",
@@ -183,17 +167,17 @@ def test_sigquit_first_then_the_traceback(tmp_path, fake_server):
     """Log 24: the parent's sigquit comes before the child's traceback; the OOM still decides."""
     log = tmp_path / "server.log"
     write_lines(log, (LOGS / RUNTIME_OOM_LOG).read_text().split("\n"))
-    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "timeout": 60})
-    result, _ = finish(proc)
+    run = start_module({"log_path": str(log), "url": fake_server.url, "timeout": 60})
+    result, _ = run.finish()
     assert (result["state"], result["phase"], result["oom"]["gpu"]) == ("oom", "runtime", 5)
 
 
 def test_a_hang_is_reported_with_its_phase(tmp_path, fake_server):
     log = tmp_path / "server.log"
     write_lines(log, (LOGS / "22-hang-rtx6000ada-tp2-stuck-nccl-init.log").read_text().split("\n"))
-    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "hang_timeout": 1})
-    result, _ = finish(proc)
-    assert proc.returncode == 1
+    run = start_module({"log_path": str(log), "url": fake_server.url, "hang_timeout": 1})
+    result, _ = run.finish()
+    assert run.failed is True
     assert (result["state"], result["phase"]) == ("hung", "nccl_init")
     assert "NCCL_P2P_DISABLE=1" in result["advice"]
 
@@ -201,9 +185,9 @@ def test_a_hang_is_reported_with_its_phase(tmp_path, fake_server):
 def test_a_timeout_while_starting_fails_as_starting(tmp_path, fake_server):
     log = tmp_path / "server.log"
     write_lines(log, ["[2025-01-01 00:00:00 TP0] Load weight begin. avail mem=93.61 GB"])
-    proc = start_module(tmp_path, {"log_path": str(log), "url": fake_server.url, "timeout": 1, "sleep": 0.2})
-    result, _ = finish(proc)
-    assert proc.returncode == 1
+    run = start_module({"log_path": str(log), "url": fake_server.url, "timeout": 1, "sleep": 0.2})
+    result, _ = run.finish()
+    assert run.failed is True
     assert (result["state"], result["phase"]) == ("starting", "weight_load")
     assert "HTTP 503" in result["msg"]
 
@@ -212,26 +196,24 @@ def test_server_args_that_differ_fail_and_name_each(tmp_path, fake_server):
     log = tmp_path / "server.log"
     write_lines(log, (LOGS / "18-ready-qwq32b-tp4-pcie-avail-mem-2.09.log").read_text().split("\n"))
     fake_server.ready.set()
-    proc = start_module(
-        tmp_path,
-        {
+    run = start_module({
             "log_path": str(log),
             "url": fake_server.url,
             "sleep": 0.2,
             "expected_args": {"tp_size": 4, "ep_size": 4, "moe_a2a_backend": "deepep"},
         },
     )
-    result, _ = finish(proc)
-    assert proc.returncode == 1 and result["state"] == "mismatch"
+    result, _ = run.finish()
+    assert run.failed is True and result["state"] == "mismatch"
     assert "tp_size: expected 4, server reports 8" in result["msg"]
     assert "moe_a2a_backend: expected 'deepep', server reports nothing" in result["msg"]
     assert [m["arg"] for m in result["mismatches"]] == ["tp_size", "moe_a2a_backend"]
 
 
 def test_check_mode_returns_at_once_without_waiting(tmp_path):
-    proc = start_module(tmp_path, {"log_path": str(tmp_path / "never.log"), "timeout": 600}, check_mode=True)
-    result, _ = finish(proc, timeout=15)
-    assert proc.returncode == 0
+    result, failed, _ = run_module({"log_path": str(tmp_path / "never.log"), "timeout": 600}, check_mode=True,
+                                   timeout=15)
+    assert failed is False
     assert result["skipped"] is True and result["changed"] is False
     assert result["elapsed"] == 0.0 and result["state"] == "unknown"
 
@@ -246,9 +228,8 @@ def test_check_mode_returns_at_once_without_waiting(tmp_path):
 )
 def test_argument_errors_fail_before_any_waiting(tmp_path, args, words):
     started = time.monotonic()
-    proc = start_module(tmp_path, {"log_path": str(tmp_path / "never.log"), **args})
-    result, ended = finish(proc, timeout=15)
-    assert proc.returncode == 1 and words in result["msg"]
+    result, failed, ended = run_module({"log_path": str(tmp_path / "never.log"), **args}, timeout=15)
+    assert failed is True and words in result["msg"]
     assert ended - started < 5
 
 
@@ -296,12 +277,12 @@ def test_follows_the_units_current_invocation(tmp_path, fake_server, monkeypatch
     short grace (the exception line that would say why never comes)."""
     fake_unit(tmp_path, monkeypatch)
     lines = (LOGS / "34-crash_other-rtxpro6000-glm52-nvfp4-sigquit-first-cuda-graph-init.log").read_text()
-    proc = start_module(tmp_path, {"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
+    run = start_module({"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
     time.sleep(1.5)
-    assert proc.poll() is None
+    assert run.running()
     written = time.monotonic()
     write_lines(tmp_path / "journal.log", lines.split("\n"))
-    result, ended = finish(proc)
+    result, ended = run.finish()
     assert ended - written < 3.0
     assert (result["state"], result["phase"], result["cause"]) == ("crashed", "cuda_graph", "other")
     assert (result["outcome"]["state"], result["outcome"]["cause"]) == ("crashed", "other")
@@ -314,13 +295,13 @@ def test_follows_the_units_current_invocation(tmp_path, fake_server, monkeypatch
 def test_a_unit_that_dies_silently_is_a_crash_that_names_its_state(tmp_path, fake_server, monkeypatch):
     state = fake_unit(tmp_path, monkeypatch)
     write_lines(tmp_path / "journal.log", ["[2025-01-01 00:00:00 TP0] Load weight begin. avail mem=93.61 GB"])
-    proc = start_module(tmp_path, {"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
+    run = start_module({"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
     time.sleep(1.0)
     died = time.monotonic()
     set_unit_state(state, "inactive", "dead", result="success", status="0")  # some versions exit 0
-    result, ended = finish(proc)
+    result, ended = run.finish()
     assert ended - died < 3.0
-    assert proc.returncode == 1
+    assert run.failed is True
     assert (result["state"], result["cause"]) == ("crashed", "other")
     assert result["line"] == (
         "sglang.service stopped: ActiveState=inactive SubState=dead Result=success ExecMainStatus=0"
@@ -342,12 +323,12 @@ def test_lines_the_journal_stores_after_the_unit_died_still_decide(tmp_path, fak
     rest = (LOGS / "06-oom_kv_cache-deepseek-r1-tke-not-enough-memory.log").read_text().split("\n")
     write_lines(tmp_path / "journal.log", begin)
     write_lines(stored, begin)
-    proc = start_module(tmp_path, {"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
+    run = start_module({"unit": "sglang.service", "url": fake_server.url, "timeout": 60})
     time.sleep(1.0)
     set_unit_state(state, "failed", "failed", result="signal", status="9")
     time.sleep(0.6)  # journald lags behind the death
     write_lines(stored, rest)
-    result, _ = finish(proc)
+    result, _ = run.finish()
     assert (result["state"], result["phase"]) == ("oom", "kv_cache"), result["msg"]
     assert any("Not enough memory" in line for line in result["log_excerpt"])
     assert "_SYSTEMD_INVOCATION_ID=0123456789abcdef0123456789abcdef" in (
