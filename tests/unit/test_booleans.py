@@ -154,4 +154,5 @@ def test_a_form_the_spec_takes_but_bool_misreads_is_refused(form):
 
 @pytest.mark.parametrize("form", [*TRUE_FORMS, *FALSE_FORMS, True, False, 0, 1, "maybe"])
 def test_what_bool_reads_or_the_spec_refuses_is_not_reported_again(form):
-    assert playbook_inputs.misread_booleans({"nvidia_driver_reboot": form}, {"nvidia_driver_reboot": {"type": "bool"}}) == []
+    options = {"nvidia_driver_reboot": {"type": "bool"}}
+    assert playbook_inputs.misread_booleans({"nvidia_driver_reboot": form}, options) == []
