@@ -11,7 +11,6 @@ that follow in this directory deploy tp8 over it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -29,31 +28,23 @@ HOST = "itest-1"
 ROLE = "roles/sglang_service/"
 
 
-def deploy(inventory: Path, profile: str, trace: Path | None = None):
-    saved = {k: os.environ.get(k) for k in ("ANSIBLE_CALLBACK_PLUGINS", "ANSIBLE_CALLBACKS_ENABLED", "MOEFLEET_TASK_TRACE")}
-    if trace is not None:  # run_playbook passes the environment on; the repository's callback stays enabled too
-        os.environ["ANSIBLE_CALLBACK_PLUGINS"] = str(ROOT / "tests" / "callbacks")
-        os.environ["ANSIBLE_CALLBACKS_ENABLED"] = "moefleet.serving.moefleet_report,task_files"
-        os.environ["MOEFLEET_TASK_TRACE"] = str(trace)
-    try:
-        result = run_playbook(inventory, "deploy.yml", f"profile={profile}", options=("--limit", f"{HOST},localhost"),
-                              timeout=1800)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def deploy(inventory: Path, profile: str):
+    result = run_playbook(inventory, "deploy.yml", f"profile={profile}", options=("--limit", f"{HOST},localhost"),
+                          timeout=1800)
     print(result.stdout[-6000:], result.stderr[-3000:])  # shown when a test fails
     assert result.returncode == 0, result.stdout[-3000:]
     return result
 
 
-def test_a_profile_switch_reads_each_file_once(lab_inventory, tmp_path):
+def test_a_profile_switch_reads_each_file_once(lab_inventory, tmp_path, monkeypatch):
     deploy(lab_inventory, "tp8")
     assert on_host(lab_inventory, HOST, "systemctl is-active sglang.service").strip() == "active"
     trace = tmp_path / "trace.json"
-    deploy(lab_inventory, "tp2ep4", trace)
+    # run_playbook passes the environment on; the repository's own callback stays enabled beside the tracer
+    monkeypatch.setenv("ANSIBLE_CALLBACK_PLUGINS", str(ROOT / "tests" / "callbacks"))
+    monkeypatch.setenv("ANSIBLE_CALLBACKS_ENABLED", "moefleet.serving.moefleet_report,task_files")
+    monkeypatch.setenv("MOEFLEET_TASK_TRACE", str(trace))
+    deploy(lab_inventory, "tp2ep4")
     found = summarize(json.loads(trace.read_text()), str(ROOT))
     print("task files entered, in order:")
     seen = set()

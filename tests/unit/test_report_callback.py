@@ -387,7 +387,7 @@ def test_stop_request_before_the_start_stops_at_the_next_task(tmp_path):
     stop.touch()
     with pytest.raises(KeyboardInterrupt):
         run.cb.v2_playbook_on_task_start(
-            Task("Render and install the unit", "sglang_service", path="/repo/roles/sglang_service/tasks/configure.yml:9"),
+            Task("Render and install the unit", "sglang_service", path="/repo/roles/sglang_service/tasks/unit.yml:9"),
             False)
 
 

@@ -4,9 +4,7 @@ records on a real (local) playbook run, and how the trace is counted."""
 from __future__ import annotations
 
 import json
-import os
 import sys
-from pathlib import Path
 
 from playbook import ROOT, run_playbook
 
@@ -21,7 +19,7 @@ def test_summarize_counts_entries_files_and_reentries():
     assert found["reentries"] == ["b.yml", "a.yml"]
 
 
-def test_the_callback_records_task_files_in_order_without_generated_tasks(tmp_path):
+def test_the_callback_records_task_files_in_order_without_generated_tasks(tmp_path, monkeypatch):
     (tmp_path / "inner.yml").write_text(json.dumps([{"name": "Inner", "ansible.builtin.debug": {"msg": "in"}}]))
     play = tmp_path / "play.yml"
     play.write_text(json.dumps([{
@@ -35,17 +33,10 @@ def test_the_callback_records_task_files_in_order_without_generated_tasks(tmp_pa
         ],
     }]))
     trace = tmp_path / "trace.json"
-    saved = {k: os.environ.get(k) for k in ("ANSIBLE_CALLBACK_PLUGINS", "ANSIBLE_CALLBACKS_ENABLED", "MOEFLEET_TASK_TRACE")}
-    os.environ.update(ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "tests" / "callbacks"), ANSIBLE_CALLBACKS_ENABLED="task_files",
-                      MOEFLEET_TASK_TRACE=str(trace))
-    try:
-        done = run_playbook("localhost,", play, timeout=120)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    monkeypatch.setenv("ANSIBLE_CALLBACK_PLUGINS", str(ROOT / "tests" / "callbacks"))
+    monkeypatch.setenv("ANSIBLE_CALLBACKS_ENABLED", "task_files")
+    monkeypatch.setenv("MOEFLEET_TASK_TRACE", str(trace))
+    done = run_playbook("localhost,", play, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     found = summarize(json.loads(trace.read_text()), str(tmp_path))
     # the play's file (First, the include, Last), the included file once for both passes, then the play's again
