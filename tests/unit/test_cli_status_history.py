@@ -158,7 +158,7 @@ def test_times_are_printed_in_utc_with_the_zone(value, text):
 
 
 def test_the_role_writes_times_with_their_zone():
-    for name in ("attempt.yml", "record.yml"):
+    for name in ("start.yml", "record.yml"):
         text = (ROOT / "roles" / "sglang_service" / "tasks" / name).read_text()
         assert "now(utc=true).isoformat()" not in text
         assert "now(utc=true, fmt='%Y-%m-%dT%H:%M:%S+00:00')" in text

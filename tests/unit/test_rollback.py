@@ -510,6 +510,6 @@ def test_no_failure_sequence_needs_more_remedies_than_the_loop_bound(profile):
 
 def test_each_retune_on_each_rung_reaches_the_loop_bound_exactly():
     # tp2ep4's ladder, each layout failing in turn the way that uses each retune once, then OOM while loading:
-    # the loop in tasks/rollback.yml must have every one of these passes.
+    # the remedy passes of tasks/start.yml must cover every one of these.
     ladder = fallback_ladder(CATALOG, "tp2ep4")
     assert _remedies_until_done(ladder, lambda n: FAILURES[n % len(FAILURES)]) == max_remedies(ladder)

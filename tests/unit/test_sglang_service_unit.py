@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from playbook import ROOT, run_playbook
 
 ROLE = ROOT / "roles" / "sglang_service"
@@ -226,12 +227,14 @@ def test_the_checker_fails_on_a_warning_that_systemd_analyze_exits_0_on(tmp_path
 
 
 def test_a_home_that_is_not_normalized_is_refused_before_the_host_changes(tmp_path):
+    preflight = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
+    assert preflight[0]["name"] == "Check that the service's home is an absolute, normalized path"  # the first task
     playbook = tmp_path / "inputs.yml"
     playbook.write_text(json.dumps([{
         "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars": {"sglang_home": "/etc/sglang/../../var/lib/sglang",
                  "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-        "tasks": [{"name": "Check", "ansible.builtin.include_tasks": str(ROLE / "tasks" / "inputs.yml")}],
+        "tasks": [preflight[0]],
     }]))
     done = run_playbook("localhost,", str(playbook), timeout=120)
     assert done.returncode != 0

@@ -1,0 +1,63 @@
+"""Callback (tests only, enabled by tests/integration/test_deploy_trace_lab.py through ANSIBLE_CALLBACK_PLUGINS):
+the task file of each task a playbook starts, in order, written as JSON to $MOEFLEET_TASK_TRACE at the end.
+
+Ansible's own generated tasks are left out: meta tasks (which start no callback), implicit tasks, and the play's
+fact gathering ("Gathering Facts"). Handlers are not tasks a file's flow enters and are not recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ansible.plugins.callback import CallbackBase
+
+DOCUMENTATION = """
+name: task_files
+type: aggregate
+short_description: the task file of each task started, in order (tests only)
+description: Writes the list to the file named by the MOEFLEET_TASK_TRACE environment variable.
+requirements: [enable in callbacks_enabled]
+"""
+
+
+def summarize(files: list[str], root: str = "") -> dict:
+    """The trace as the issue counts it: `entries`, the files in the order the flow entered them (a file entered
+    again right after itself, as a loop over one included file does, is one entry); `files`, the distinct files;
+    `reentries`, the entries of a file the flow had entered and left before. Paths relative to `root`."""
+    entries: list[str] = []
+    for path in files:
+        name = os.path.relpath(path, root) if root else path
+        if not entries or entries[-1] != name:
+            entries.append(name)
+    seen: set[str] = set()
+    reentries = []
+    for name in entries:
+        if name in seen:
+            reentries.append(name)
+        seen.add(name)
+    return {"entries": entries, "files": sorted(seen), "reentries": reentries}
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "task_files"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: list[str] = []
+
+    def v2_playbook_on_task_start(self, task, is_conditional) -> None:
+        generated = (task.action in ("meta", "ansible.builtin.meta") or getattr(task, "implicit", False)
+                     or task.get_name() == "Gathering Facts")
+        path = task.get_path() or ""
+        if generated or not path:
+            return
+        self.files.append(path.rsplit(":", 1)[0])
+
+    def v2_playbook_on_stats(self, stats) -> None:
+        target = os.environ.get("MOEFLEET_TASK_TRACE")
+        if target:
+            with open(target, "w", encoding="utf-8") as out:
+                json.dump(self.files, out)

@@ -1,0 +1,64 @@
+"""The path a deploy takes through the code (issue 21): on itest-1 of the lab_inventory fixture, serving tp8,
+`deploy.yml -e profile=tp2ep4` traced by tests/callbacks/task_files.py, task file by task file. A reader who
+follows it reads at most 24 task files, at most 5 of them the sglang_service role's (its tasks/main.yml steps,
+docs/architecture.md), and comes back to a file already left at most twice (none inside sglang_service).
+
+Cost: on a warm host (the rollout tests' or an earlier run's) two deploys, about 2 minutes; on a fresh lab the
+first deploy installs the whole path (about 4 minutes more). It leaves itest-1 serving tp2ep4; the rollout tests
+that follow in this directory deploy tp8 over it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "callbacks"))
+from playbook import on_host, run_playbook  # noqa: E402  (tests/playbook.py)
+from task_files import summarize  # noqa: E402  (tests/callbacks/task_files.py)
+
+HOST = "itest-1"
+ROLE = "roles/sglang_service/"
+
+
+def deploy(inventory: Path, profile: str):
+    result = run_playbook(inventory, "deploy.yml", f"profile={profile}", options=("--limit", f"{HOST},localhost"),
+                          timeout=1800)
+    print(result.stdout[-6000:], result.stderr[-3000:])  # shown when a test fails
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result
+
+
+def test_a_profile_switch_reads_each_file_once(lab_inventory, tmp_path, monkeypatch):
+    deploy(lab_inventory, "tp8")
+    assert on_host(lab_inventory, HOST, "systemctl is-active sglang.service").strip() == "active"
+    trace = tmp_path / "trace.json"
+    # run_playbook passes the environment on; the repository's own callback stays enabled beside the tracer
+    monkeypatch.setenv("ANSIBLE_CALLBACK_PLUGINS", str(ROOT / "tests" / "callbacks"))
+    monkeypatch.setenv("ANSIBLE_CALLBACKS_ENABLED", "moefleet.serving.moefleet_report,task_files")
+    monkeypatch.setenv("MOEFLEET_TASK_TRACE", str(trace))
+    deploy(lab_inventory, "tp2ep4")
+    found = summarize(json.loads(trace.read_text()), str(ROOT))
+    print("task files entered, in order:")
+    seen = set()
+    for n, name in enumerate(found["entries"], 1):
+        print(f"  {n:3} {name}{'   (again)' if name in seen else ''}")
+        seen.add(name)
+    role_files = [f for f in found["files"] if f.startswith(ROLE)]
+    role_reentries = [f for f in found["reentries"] if f.startswith(ROLE)]
+    print(f"{len(found['files'])} task files, {len(role_files)} of them sglang_service's; "
+          f"{len(found['reentries'])} re-entries ({len(role_reentries)} inside sglang_service): {found['reentries']}")
+    assert len(found["files"]) <= 24, found["files"]
+    assert len(role_files) <= 5, role_files
+    assert role_reentries == [], found["entries"]
+    assert len(found["reentries"]) <= 2, found["entries"]
+    # the start succeeded and serves what was asked
+    facts = json.loads(on_host(lab_inventory, HOST, "cat /etc/ansible/facts.d/moefleet.fact"))
+    assert (facts["asked_profile"], facts["serving_profile"], facts["outcome"]) == ("tp2ep4", "tp2ep4", "ready")
