@@ -200,7 +200,7 @@ def worker_url(host, port, reach=None):
             addr = addr[1:-1]
     elif addr in _WILDCARDS:
         addr = "127.0.0.1"
-    return "http://{0}:{1}".format("[" + addr + "]" if ":" in addr else addr, int(port))
+    return f"http://{'[' + addr + ']' if ':' in addr else addr}:{int(port)}"
 
 
 class FilterModule:

@@ -83,7 +83,8 @@ def test_the_client_is_pointed_at_the_address_the_server_binds(tmp_path):
     out = tmp_path / "seen.json"
     # bench.yml's first task reads the roles' defaults (the unset case's fallback) under __defaults_<role>.
     (first, *_) = sweep_play()["tasks"]
-    assert first["ansible.builtin.include_vars"]["name"] == "__defaults_{{ item }}" and "sglang_service" in first["loop"]
+    assert first["ansible.builtin.include_vars"]["name"] == "__defaults_{{ item }}"
+    assert "sglang_service" in first["loop"]
     defaults = {"name": "Read the sglang_service role's defaults", "ansible.builtin.include_vars": {
         "file": str(ROOT / "roles" / "sglang_service" / "defaults" / "main.yml"), "name": "__defaults_sglang_service"}}
     playbook = write_play(tmp_path / "addr.yml", {"bench_server_host": sweep_play()["vars"]["bench_server_host"]}, [

@@ -15,7 +15,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.parents[1] for p in ROOT.glob("roles/*/defaults/main.yml"))
-DEFINED = {name: role.name for role in ROLES for name in (yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {})}
+DEFINED = {name: role.name for role in ROLES
+           for name in (yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {})}
 # NAME | default(  where NAME may be reached through hostvars[...]., hv. or any other mapping
 USE = re.compile(r"\b(?P<name>[a-z_][a-z0-9_]*)\s*\|\s*default\(")
 JINJA_CONSTANTS = {"true": "True", "false": "False", "none": "None", "True": "True", "False": "False", "None": "None"}
@@ -48,7 +49,8 @@ def _argument(text: str, start: int) -> str:
 def is_literal(argument: str) -> bool:
     """Whether a Jinja expression is a constant (a string, number, list, dict, true/false/none), as
     default('/etc/sglang'), default(30000) or default({}) are; default(other_var) or default('a' ~ b) are not."""
-    expression = re.sub(r"\b(true|false|none|True|False|None)\b", lambda m: JINJA_CONSTANTS[m.group(1)], argument.strip())
+    expression = re.sub(r"\b(true|false|none|True|False|None)\b", lambda m: JINJA_CONSTANTS[m.group(1)],
+                        argument.strip())
     try:
         ast.literal_eval(expression)
     except (ValueError, SyntaxError, TypeError):
@@ -57,7 +59,10 @@ def is_literal(argument: str) -> bool:
 
 
 def copies(path: Path, own_role: str | None = None) -> list[str]:
-    text = path.read_text()
+    return copies_in(path.read_text(), str(path.relative_to(ROOT)), own_role)
+
+
+def copies_in(text: str, where: str, own_role: str | None = None) -> list[str]:
     found = []
     for match in USE.finditer(text):
         name = match.group("name")
@@ -67,7 +72,8 @@ def copies(path: Path, own_role: str | None = None) -> list[str]:
         argument = _argument(text, match.end())
         if is_literal(argument):
             line = text.count("\n", 0, match.start()) + 1
-            found.append(f"{path.relative_to(ROOT)}:{line}: {name} | default({argument.strip()}) (roles/{role}/defaults/main.yml)")
+            found.append(f"{where}:{line}: {name} | default({argument.strip()})"
+                         f" (roles/{role}/defaults/main.yml)")
     return found
 
 
@@ -77,7 +83,8 @@ def _playbook_files() -> list[Path]:
 
 def _role_files() -> list[tuple[Path, str]]:
     return sorted((p, p.relative_to(ROOT / "roles").parts[0]) for p in ROOT.glob("roles/*/**/*")
-                  if p.is_file() and p.suffix in {".yml", ".j2"} and "defaults" not in p.relative_to(ROOT / "roles").parts[1:2])
+                  if p.is_file() and p.suffix in {".yml", ".j2"}
+                  and "defaults" not in p.relative_to(ROOT / "roles").parts[1:2])
 
 
 def test_no_playbook_restates_a_roles_default():
@@ -104,10 +111,5 @@ def test_no_role_restates_another_roles_default():
         ("{{ sglang_service_outcome.serving_profile | default('?') }}", 0),  # not a role's variable
     ],
 )
-def test_it_sees_a_copy(tmp_path, text, expected):
-    path = ROOT / "tests" / "unit" / "__default_probe.yml"
-    try:
-        path.write_text(text + "\n")
-        assert len(copies(path)) == expected
-    finally:
-        path.unlink()
+def test_it_sees_a_copy(text, expected):
+    assert len(copies_in(text, "probe.yml")) == expected

@@ -4,10 +4,15 @@ roles/sglang_service read instead of writing it each."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.moefleet.serving.plugins.filter.moefleet import FilterModule, worker_url
 
@@ -66,3 +71,42 @@ def test_no_playbook_or_role_composes_a_worker_url_itself():
             if "sglang_service_port" in window or "sglang_service_host" in window or "bench_port" in window:
                 offenders.append(f"{path.relative_to(ROOT)}:{line}")
     assert offenders == []
+
+
+def test_the_routers_worker_list_is_the_filters(tmp_path):
+    """roles/sglang_router's --worker-urls (vars/main.yml), rendered by ansible-playbook for workers that bind
+    loopback (unset: the sglang_service role's default), every address, a private IPv4 or IPv6 address: each the
+    filter's router view, with the sglang_service role's default port where the inventory sets none."""
+    role = ROOT / "roles" / "sglang_router"
+    (first, *_) = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+    assert first["ansible.builtin.include_vars"] == {"file": "{{ role_path }}/../sglang_service/defaults/main.yml",
+                                                    "name": "__sglang_router_service_defaults"}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "blackwell": {"hosts": {
+            "w1": {"ansible_host": "10.0.0.1"},
+            "w2": {"ansible_host": "fd00::2", "sglang_service_host": "0.0.0.0", "sglang_service_port": 31000},
+            "w3": {"sglang_service_host": "10.0.0.33"},
+            "w4": {"ansible_host": "10.0.0.4", "sglang_service_host": "fd00::44"},
+        }},
+        "routers": {"hosts": {"r1": {"ansible_connection": "local",
+                                     "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}},
+    }}}))
+    out = tmp_path / "urls.json"
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "r1", "gather_facts": False,
+        "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
+        "tasks": [
+            {"ansible.builtin.include_vars": {"file": str(ROOT / "roles" / "sglang_service" / "defaults" / "main.yml"),
+                                              "name": "__sglang_router_service_defaults"}},
+            {"ansible.builtin.copy": {"content": "{{ _sglang_router_worker_urls | to_json }}", "dest": str(out),
+                                      "mode": "0644"}},
+        ],
+    }]))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert json.loads(out.read_text()) == [
+        "http://10.0.0.1:30000", "http://[fd00::2]:31000", "http://10.0.0.33:30000", "http://[fd00::44]:30000"]
