@@ -109,7 +109,16 @@ def test_the_documented_booleans_are_found_and_used():
 
 
 def test_validate_yml_lists_every_role():
-    assert sorted(VALIDATE["moefleet_roles"]) == ROLES
+    """validate.yml checks the booleans of the roles it lists: every role but the two whose inputs the playbooks
+    and roles set, not the operator (moefleet_common, router_membership; neither has a boolean), and no role that
+    does not exist. (validate.yml is being rewritten on another branch; this names the two until then.)"""
+    listed = set(VALIDATE["moefleet_roles"])
+    assert listed <= set(ROLES)
+    assert set(ROLES) - listed == {"moefleet_common", "router_membership"}
+    for role in ("moefleet_common", "router_membership"):
+        specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+        options = [o for spec in specs.values() for o in (spec.get("options") or {}).values()]
+        assert not [o for o in options if o.get("type") == "bool"]
 
 
 @pytest.mark.parametrize(("where", "name", "cond"), USES, ids=[f"{w}:{n}" for w, n, _ in USES])
