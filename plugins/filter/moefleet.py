@@ -1,8 +1,9 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
 .fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; the
-documents a host keeps and reports, .local_facts and .status_entry; and for the controller checks
-moefleet.serving.host_inputs, .origins, .playbook_input_problems and .misread_booleans."""
+documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one composition of an SGLang
+server's URL; and for the controller checks moefleet.serving.host_inputs, .origins, .playbook_input_problems and
+.misread_booleans."""
 
 from __future__ import annotations
 
@@ -197,6 +198,32 @@ def misread_booleans(roles, host_vars, roles_dir, extra_options=None, host=None)
     return playbook_inputs.misread_booleans({name: host_vars[name] for name in names}, options, host)
 
 
+# Addresses that name no reachable host from elsewhere: SGLang binds every address, or only the loopback.
+_WILDCARDS = ("0.0.0.0", "::")
+_LOOPBACKS = ("127.0.0.1", "localhost", "::1")
+
+
+def worker_url(host, port, reach=None):
+    """The URL of an SGLang server that binds HOST (sglang_service_host) on PORT (sglang_service_port).
+
+    Without REACH, as the host itself reaches it: loopback (127.0.0.1) when it binds every address (0.0.0.0 or ::).
+    With REACH (the host's address as other hosts know it: ansible_host, else inventory_hostname), as a router
+    reaches it: REACH when it binds every address or only the loopback, which another host cannot reach.
+    An IPv6 address is written in brackets; one given in brackets is taken as the address inside them."""
+    addr = str(host).strip()
+    if addr.startswith("[") and addr.endswith("]"):
+        addr = addr[1:-1]
+    if not addr:
+        raise AnsibleFilterError("worker_url: the address is empty (sglang_service_host)")
+    if reach is not None and addr in _WILDCARDS + _LOOPBACKS:
+        addr = str(reach).strip()
+        if addr.startswith("[") and addr.endswith("]"):
+            addr = addr[1:-1]
+    elif addr in _WILDCARDS:
+        addr = "127.0.0.1"
+    return f"http://{'[' + addr + ']' if ':' in addr else addr}:{int(port)}"
+
+
 class FilterModule:
     """moefleet filters, called as moefleet.serving.<name>."""
 
@@ -217,4 +244,5 @@ class FilterModule:
             "origins": origins,
             "playbook_input_problems": playbook_input_problems,
             "misread_booleans": misread_booleans,
+            "worker_url": worker_url,
         }

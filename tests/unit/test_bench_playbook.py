@@ -81,7 +81,14 @@ def test_the_client_is_pointed_at_the_address_the_server_binds(tmp_path):
     (bench_serving adds them, as NetworkAddress does), the role's default 127.0.0.1 when unset."""
     binds = ["127.0.0.1", "0.0.0.0", "::", "[::]", "10.0.0.11", "::1", "[fd00::7]", "fd00::7", "gpu-07.lan"]
     out = tmp_path / "seen.json"
+    # bench.yml's first task reads the roles' defaults (the unset case's fallback) under __defaults_<role>.
+    (first, *_) = sweep_play()["tasks"]
+    assert first["ansible.builtin.include_vars"]["name"] == "__defaults_{{ item }}"
+    assert "sglang_service" in first["loop"]
+    defaults = {"name": "Read the sglang_service role's defaults", "ansible.builtin.include_vars": {
+        "file": str(ROOT / "roles" / "sglang_service" / "defaults" / "main.yml"), "name": "__defaults_sglang_service"}}
     playbook = write_play(tmp_path / "addr.yml", {"bench_server_host": sweep_play()["vars"]["bench_server_host"]}, [
+        defaults,
         {"name": "Note the address for each bind", "ansible.builtin.set_fact": {
             "seen": "{{ seen | default({}) | combine({item: _addr}) }}"},
          "vars": {"sglang_service_host": "{{ item }}", "_addr": "{{ bench_server_host }}"}, "loop": binds},
@@ -112,13 +119,13 @@ def test_the_host_leaves_the_routers_before_the_first_restart_and_returns_after_
     names = [t["name"] for t in block["block"]]
     out = named(block["block"], "Take the host out of the routers for the sweep and let its requests finish")
     assert names.index(out["name"]) < names.index("Serve and measure each profile")
-    assert (out["ansible.builtin.include_tasks"], out["vars"]) == ("tasks/router_member.yml",
-                                                                   {"moefleet_router_action": "out"})
+    assert (out["ansible.builtin.include_role"], out["vars"]) == ({"name": "router_membership"},
+                                                                  {"router_membership_state": "out"})
     assert "bench_routed | bool" in out["when"]
     after = [t["name"] for t in block["always"]]
     back = named(block["always"], "Put the host back into the routers and wait until they route to it")
-    assert (back["ansible.builtin.include_tasks"], back["vars"]) == ("tasks/router_member.yml",
-                                                                     {"moefleet_router_action": "in"})
+    assert (back["ansible.builtin.include_role"], back["vars"]) == ({"name": "router_membership"},
+                                                                    {"router_membership_state": "in"})
     # after the restore, and only when the host serves as asked; the temporary files go before the restore
     assert after.index(back["name"]) > after.index("Serve again what the host served before the sweep, or the winner")
     assert "bench_routed | bool" in back["when"] and "bench_final_profile is not none" in back["when"]

@@ -18,7 +18,10 @@ import pytest
 from playbook import ROOT, run_playbook
 
 TEMPLATE = ROOT / "roles" / "nvidia_driver" / "templates" / "etc/systemd/system/nvidia-uvm-devices.service.j2"
-CHECKER = ROOT / "roles" / "sglang_service" / "files" / "systemd-verify-strict"
+# The unit checker every role validates its units with (roles/moefleet_common; sglang_service's tasks still copy
+# their own, identical, copy until they install moefleet_common's).
+CHECKER = ROOT / "roles" / "moefleet_common" / "files" / "systemd-verify-strict"
+SERVICE_CHECKER = ROOT / "roles" / "sglang_service" / "files" / "systemd-verify-strict"
 DEVICE_CHECK = ROOT / "roles" / "sglang_service" / "files" / "sglang-device-check"
 sys.path.insert(0, str(ROOT / "sim" / "mirrors"))
 import build  # noqa: E402  (sim/mirrors/build.py: the nvidia-modprobe stand-in's text)
@@ -189,3 +192,9 @@ def test_the_unit_with_the_stand_in_makes_every_node_the_service_checks(stand_in
               for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(8)))]
     check = subprocess.run([str(DEVICE_CHECK), *map(str, wanted)], capture_output=True, text=True)
     assert (check.returncode, check.stderr) == (0, "")
+
+
+def test_sglang_services_copy_of_the_unit_checker_is_moefleet_commons_until_it_goes():
+    """One checker: sglang_service's tasks (restructured apart) copy their own until they use moefleet_common's;
+    meanwhile the two must not drift apart (each host would validate its units with whichever ran last)."""
+    assert not SERVICE_CHECKER.exists() or SERVICE_CHECKER.read_bytes() == CHECKER.read_bytes()

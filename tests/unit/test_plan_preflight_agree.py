@@ -44,6 +44,9 @@ def preflight_plan(profile: str, memory_total_mib: int = 97887) -> dict:
         "inventory_hostname": "h1",
         "ansible_facts": {"nvidia_gpus": {"count": 8, "memory_total_mib": memory_total_mib}},
         "__preflight_model_config": {"content": base64.b64encode(K26.read_bytes()).decode()},
+        # sglang_service_extra_flags left unset: the role's default, as playbooks/preflight.yml reads it first
+        "__defaults_sglang_service": yaml.safe_load(
+            (ROOT / "roles" / "sglang_service" / "defaults" / "main.yml").read_text()),
         "hostvars": {
             "localhost": {
                 "moefleet_validated": {
