@@ -168,12 +168,13 @@ def run_parse(args: argparse.Namespace) -> int:
 # (bench_profiles, the profiles in order; bench_done, one entry per profile measured or not; bench_final_profile,
 # what the host serves afterwards), the sglang_service role's documented facts (sglang_service_phase and its reason,
 # sglang_service_outcome; roles/sglang_service/README.md, Outputs), the modules that ran (setup reaches the host,
-# bench_report writes the report, the routers' tasks/router_member.yml is included) and their registered values
+# bench_report writes the report, the role router_membership is included) and their registered values
 # (each bench_serving level carries its loop variable bench_concurrency; the inventory change carries a diff).
 SETUP_ACTIONS = frozenset({"setup", "ansible.builtin.setup", "ansible.legacy.setup", "gather_facts",
                            "ansible.builtin.gather_facts"})
 REPORT_ACTION = "bench_report"  # moefleet.serving.bench_report, however the playbook spells it
-ROUTER_TASKS = "router_member.yml"
+ROUTER_ROLE = "router_membership"  # included by its name; its tasks file is the event's included_file
+ROUTER_TASKS = f"roles/{ROUTER_ROLE}/tasks/main.yml"
 LEVEL_VAR = "bench_concurrency"
 PHASE_WORDS = {"rolling back": "rolling back", "restoring": "restoring the last good unit"}
 _UNSET = object()
@@ -242,7 +243,7 @@ class SweepProgress:
                 self.say(f"{host or 'controller'}: failed: {message}")
 
     def routers(self) -> None:
-        """tasks/router_member.yml: out before the first profile, back in once the host serves again."""
+        """roles/router_membership: out before the first profile, back in once the host serves again."""
         if self.final is _UNSET:
             self.routed = True
             self.say(f"{self.host}: out of the routers for the sweep (its requests finish first)")

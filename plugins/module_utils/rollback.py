@@ -116,8 +116,8 @@ def _halved(current: Mapping[str, Any], flags: Mapping[str, Any], flag: str, sta
 
 def max_remedies(ladder: Sequence[str]) -> int:
     """The most starts next_step can ask for after the first start: each rung of the ladder once, and each of
-    RETUNES once on each rung. The loop that runs the remedies (roles/sglang_service/tasks/rollback.yml) has
-    this many passes; next_step answers "restore" before it runs out."""
+    RETUNES once on each rung. The loop that runs the remedies (roles/sglang_service/tasks/start.yml, a pass each)
+    has this many passes; next_step answers "restore" before it runs out."""
     return len(ladder) * (1 + len(RETUNES)) - 1
 
 

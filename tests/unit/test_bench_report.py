@@ -242,7 +242,7 @@ def test_cli_progress_follows_the_sweeps_events():
     assert not progress.reached_host  # the input checks run on the host's name only
     event("runner_on_start", action="ansible.builtin.setup")
     facts(bench_profiles=["pp8", "tp2ep4"], bench_done=[])
-    included("/c/playbooks/tasks/router_member.yml")
+    included("/c/roles/router_membership/tasks/main.yml")
     facts(sglang_service_outcome={})  # the sweep clears the last profile's outcome
     facts(sglang_service_phase="loading", sglang_service_phase_reason="")
     event("runner_on_failed", action="moefleet.serving.sglang_readiness", msg="pp8 ran out of memory")  # rescued
@@ -263,7 +263,7 @@ def test_cli_progress_follows_the_sweeps_events():
     facts(bench_final_profile="tp8")
     facts(sglang_service_phase="loading", sglang_service_phase_reason="")
     facts(sglang_service_outcome={"outcome": "ready", "serving_profile": "tp8"})
-    included("/c/playbooks/tasks/router_member.yml")
+    included("/c/roles/router_membership/tasks/main.yml")
     event("runner_on_failed", action="moefleet.serving.gateway_route", msg="the router does not route to itest-1")
     assert out.getvalue().splitlines() == [
         "04:05:06  itest-1: reading what it serves, planning the sweep",
@@ -291,7 +291,7 @@ def test_cli_progress_says_when_the_host_stays_out_of_the_routers():
     progress = SweepProgress(out=out, clock=lambda: (2026, 12, 1, 4, 5, 6, 0, 335, 0))
     for kind, data in (("runner_on_start", {"resolved_action": "ansible.builtin.setup"}),
                        ("runner_on_ok", {"res": {"ansible_facts": {"bench_profiles": ["ep8"]}}}),
-                       ("playbook_on_include", {"included_file": "/c/playbooks/tasks/router_member.yml"}),
+                       ("playbook_on_include", {"included_file": "/c/roles/router_membership/tasks/main.yml"}),
                        ("runner_on_ok", {"res": {"ansible_facts": {"bench_done": [{"profile": "ep8",
                                                                                    "status": "ok"}]}}}),
                        ("runner_on_ok", {"res": {"ansible_facts": {"bench_final_profile": "tp8"}}}),
@@ -327,7 +327,8 @@ def test_the_sweep_publishes_what_the_progress_reads():
     modules = {key for t in tasks for key in t if "." in key}
     assert any(module.endswith(bench.REPORT_ACTION) for module in modules)
     assert modules & bench.SETUP_ACTIONS
-    assert any(str(t.get("ansible.builtin.include_tasks", "")).endswith(bench.ROUTER_TASKS) for t in tasks)
+    assert any((t.get("ansible.builtin.include_role") or {}).get("name") == bench.ROUTER_ROLE for t in tasks)
+    assert (root / bench.ROUTER_TASKS).is_file()
     assert any((t.get("loop_control") or {}).get("loop_var") == bench.LEVEL_VAR for t in tasks)
     record = next(t for t in tasks if "bench_done" in (t.get("ansible.builtin.set_fact") or {}) and "vars" in t)
     assert {"profile", "status", "error"} <= set(record["vars"]["_entry"])

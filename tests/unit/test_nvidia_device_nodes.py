@@ -18,10 +18,8 @@ import pytest
 from playbook import ROOT, run_playbook
 
 TEMPLATE = ROOT / "roles" / "nvidia_driver" / "templates" / "etc/systemd/system/nvidia-uvm-devices.service.j2"
-# The unit checker every role validates its units with (roles/moefleet_common; sglang_service's tasks still copy
-# their own, identical, copy until they install moefleet_common's).
+# The unit checker every role validates its units with (roles/moefleet_common installs it).
 CHECKER = ROOT / "roles" / "moefleet_common" / "files" / "systemd-verify-strict"
-SERVICE_CHECKER = ROOT / "roles" / "sglang_service" / "files" / "systemd-verify-strict"
 DEVICE_CHECK = ROOT / "roles" / "sglang_service" / "files" / "sglang-device-check"
 sys.path.insert(0, str(ROOT / "sim" / "mirrors"))
 import build  # noqa: E402  (sim/mirrors/build.py: the nvidia-modprobe stand-in's text)
@@ -194,7 +192,8 @@ def test_the_unit_with_the_stand_in_makes_every_node_the_service_checks(stand_in
     assert (check.returncode, check.stderr) == (0, "")
 
 
-def test_sglang_services_copy_of_the_unit_checker_is_moefleet_commons_until_it_goes():
-    """One checker: sglang_service's tasks (restructured apart) copy their own until they use moefleet_common's;
-    meanwhile the two must not drift apart (each host would validate its units with whichever ran last)."""
-    assert not SERVICE_CHECKER.exists() or SERVICE_CHECKER.read_bytes() == CHECKER.read_bytes()
+def test_there_is_one_unit_checker():
+    """Each host validates every unit the roles write with the one moefleet_common installs; a role's own copy
+    would drift apart from it."""
+    assert sorted(ROOT.glob("roles/*/files/systemd-verify-strict")) == [CHECKER]
+    assert "systemd-verify-strict" in (ROOT / "roles" / "moefleet_common" / "tasks" / "main.yml").read_text()

@@ -16,7 +16,7 @@ import yaml
 from playbook import ROOT, run_playbook
 
 ROLE = ROOT / "roles" / "sglang_service"
-CHECKER = ROLE / "files" / "systemd-verify-strict"
+CHECKER = ROOT / "roles" / "moefleet_common" / "files" / "systemd-verify-strict"
 DEVICE_CHECK = ROLE / "files" / "sglang-device-check"
 VERSIONS = (249, 251, 252, 254, 255, 257)
 NODES = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
