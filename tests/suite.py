@@ -13,6 +13,7 @@ running ones are stopped, and the failed job's last lines are printed. A table o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import os
 import signal
@@ -64,6 +65,15 @@ def run(names: list[str], slots: int) -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     pending = list(names)
     running: dict[str, tuple[subprocess.Popen, float]] = {}
+
+    def stop_all(signum, _frame):  # each job is a session of its own: take them down with this run
+        for proc, _ in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop_all)
+    signal.signal(signal.SIGINT, stop_all)
     took: dict[str, float] = {}
     failed: str | None = None
     started = time.monotonic()
@@ -88,7 +98,8 @@ def run(names: list[str], slots: int) -> int:
                 failed = name
                 for other, (p, _) in running.items():
                     print(f"suite: stopping {other}", flush=True)
-                    os.killpg(p.pid, signal.SIGTERM)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGTERM)
     outcome = f"failed at {failed}" if failed else "all passed"
     print(f"\nsuite: {outcome} after {(time.monotonic() - started) / 60:.1f} min ({slots} at a time)")
     for name in names:
