@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.moefleet.serving.plugins.module_utils import gpus as gpu_table
+from ansible_collections.moefleet.serving.plugins.module_utils import gpu_memory as gpu_table
 from ansible_collections.moefleet.serving.plugins.module_utils import planner, profiles
 
 from moefleet import collection

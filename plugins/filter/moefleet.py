@@ -13,19 +13,19 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.moefleet.serving.plugins.module_utils import (
     extra_flags,
+    gpu_memory,
     host_state,
     planner,
     playbook_inputs,
     profiles,
     rollback,
 )
-from ansible_collections.moefleet.serving.plugins.module_utils import gpus as gpus_table
 
 
 def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib=None):
     """Plan one layout: ``{{ config | moefleet.serving.plan(8, 94.97, profile.flags, catalog) }}`` -> dict.
     ``gpu_memory_mib`` is nvidia-smi's memory.total (what SGLang sizes its default fraction from); with
-    ``gpu_memory_gib`` none, PyTorch's capacity comes from it through the known-GPU table (module_utils/gpus.py),
+    ``gpu_memory_gib`` none, PyTorch's capacity comes from it through the known-GPU table (module_utils/gpu_memory.py),
     the one conversion ``moefleet plan --gpu``/``--gpu-memory-mib`` uses too."""
     known = (catalog or {}).get("profiles") if isinstance(catalog, dict) else None
     try:
@@ -33,11 +33,11 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
         if gpu_memory_gib in (None, ""):
             if smi_mib is None:
                 raise ValueError("give gpu_memory_gib (PyTorch's capacity) or gpu_memory_mib (nvidia-smi's total)")
-            gpu_memory_gib = gpus_table.torch_capacity_gib(smi_mib)
+            gpu_memory_gib = gpu_memory.torch_capacity_gib(smi_mib)
         # numbers written as text (from -e or sglang_service_extra_flags) as SGLang reads them
         flags = extra_flags.typed(flags) if isinstance(flags, dict) else flags
         return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib).to_dict()
-    except gpus_table.UnknownGpu as exc:
+    except gpu_memory.UnknownGpu as exc:
         raise AnsibleFilterError(
             f"moefleet.serving.plan: {exc} On a host, set moefleet_gpu_memory_gib to PyTorch's figure."
         ) from None

@@ -1,6 +1,6 @@
 """`moefleet plan --gpu "RTX PRO 6000"` and the preflight report the same KV tokens for every catalog profile.
 
-The preflight's expression is read from playbooks/tasks/preflight.yml (the set_fact that plans the profile)
+The preflight's expression is read from playbooks/tasks/profile_fit.yml (the set_fact that plans the profile)
 and evaluated with ansible-core's templar and the collection's own filter, with the facts an RTX PRO 6000
 host gives it: nvidia-smi's memory.total as the nvidia_gpu_facts module reports it (97887 MiB, the figure
 docs/facts.md §5 and the lab's nvidia-smi print). A change to what preflight passes the planner shows here.
@@ -29,13 +29,13 @@ PROFILES = list(CATALOG["profiles"])
 
 
 def _preflight_expression() -> str:
-    tasks = yaml.safe_load((ROOT / "playbooks" / "tasks" / "preflight.yml").read_text())
+    tasks = yaml.safe_load((ROOT / "playbooks" / "tasks" / "profile_fit.yml").read_text())
     for task in tasks:
         for inner in task.get("block", []):
             fact = inner.get("ansible.builtin.set_fact", {})
             if "moefleet_plan" in fact:
                 return fact["moefleet_plan"], inner.get("vars", {})
-    raise AssertionError("playbooks/tasks/preflight.yml has no set_fact of moefleet_plan")
+    raise AssertionError("playbooks/tasks/profile_fit.yml has no set_fact of moefleet_plan")
 
 
 def preflight_plan(profile: str, memory_total_mib: int = 97887) -> dict:

@@ -107,6 +107,6 @@ def torch_capacity_gib(smi_total_mib: float) -> float:
             f"nvidia-smi's memory.total {float(smi_total_mib):g} MiB is not a GPU this table knows ({known}): "
             "PyTorch's capacity is memory.total less what the driver reserves, which differs per GPU; give "
             "PyTorch's figure too (python3 -c 'import torch; print(torch.cuda.get_device_properties(0)"
-            ".total_memory / 2**30)'), or add the GPU to plugins/module_utils/gpus.py."
+            ".total_memory / 2**30)'), or add the GPU to plugins/module_utils/gpu_memory.py."
         )
     return gpu.torch_total_gib
