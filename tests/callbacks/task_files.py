@@ -1,8 +1,9 @@
 """Callback (tests only, enabled by tests/integration/test_deploy_trace_lab.py through ANSIBLE_CALLBACK_PLUGINS):
 the task file of each task a playbook starts, in order, written as JSON to $MOEFLEET_TASK_TRACE at the end.
 
-Ansible's own generated tasks are left out: meta tasks (which start no callback), implicit tasks, and the play's
-fact gathering ("Gathering Facts"). Handlers are not tasks a file's flow enters and are not recorded."""
+Ansible's own generated tasks are left out: meta tasks (which start no callback), implicit tasks, the play's
+fact gathering ("Gathering Facts") and each role's argument check ("Validating arguments against arg spec ...").
+Handlers are not tasks a file's flow enters and are not recorded."""
 
 from __future__ import annotations
 
@@ -49,8 +50,11 @@ class CallbackModule(CallbackBase):
         self.files: list[str] = []
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
+        # Ansible's own: meta tasks, implicit ones, fact gathering, and the check of a role's arguments against its
+        # argument spec it adds before each role (its path is the play's or the importing file's)
         generated = (task.action in ("meta", "ansible.builtin.meta") or getattr(task, "implicit", False)
-                     or task.get_name() == "Gathering Facts")
+                     or task.get_name() == "Gathering Facts"
+                     or (task.name or "").startswith("Validating arguments against arg spec"))
         path = task.get_path() or ""
         if generated or not path:
             return

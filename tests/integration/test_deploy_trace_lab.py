@@ -4,8 +4,8 @@ follows it reads at most 24 task files, at most 5 of them the sglang_service rol
 docs/architecture.md), and comes back to a file already left at most twice (none inside sglang_service).
 
 Cost: on a warm host (the rollout tests' or an earlier run's) two deploys, about 2 minutes; on a fresh lab the
-first deploy installs the whole path (about 4 minutes more). It leaves itest-1 serving tp2ep4; the rollout tests
-that follow in this directory deploy tp8 over it.
+first deploy installs the whole path (about 4 minutes more). It runs last in this directory (conftest.py) and
+leaves itest-1 serving tp2ep4.
 """
 
 from __future__ import annotations
