@@ -236,7 +236,7 @@ class CallbackModule(CallbackBase):
         data = result._result
         facts = data.get("ansible_facts") or {}
         action = getattr(result.task, "action", "") or ""
-        if action.endswith("moefleet_profile") and isinstance(data.get("hosts"), dict):
+        if action.endswith("resolve_profiles") and isinstance(data.get("hosts"), dict):
             for host, resolved in data["hosts"].items():
                 if isinstance(resolved, dict) and resolved.get("name"):
                     self._host(host).asked = str(resolved["name"])

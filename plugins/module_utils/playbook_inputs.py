@@ -69,7 +69,7 @@ class Input:
     what: str
 
 
-# Every variable an operator sets for a run of the playbooks, besides profile (the moefleet_profile module checks
+# Every variable an operator sets for a run of the playbooks, besides profile (the resolve_profiles module checks
 # it against the catalog) and the per-host ones the roles document. README.md (Variable reference) lists them.
 INPUTS: dict[str, Input] = {
     "moefleet_serial": Input(

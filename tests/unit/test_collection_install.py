@@ -74,7 +74,7 @@ def test_the_installed_deploy_playbook_passes_its_syntax_check(installed):
 
 
 def test_the_installed_validate_playbook_runs_the_collections_module(installed):
-    """moefleet.serving.moefleet_profile runs on the controller with its module_utils from the installed copy, and
+    """moefleet.serving.resolve_profiles runs on the controller with its module_utils from the installed copy, and
     each host's inputs are checked against the installed roles' argument specs."""
     tmp, env = installed
     out = run([str(BIN / "ansible-playbook"), "moefleet.serving.validate", "-i", "hosts.yml", "-e", "profile=tp2ep4"],

@@ -65,7 +65,7 @@ def files(suffixes: tuple[str, ...], under: list[str] | None = None) -> list[Pat
 
 def test_the_scans_see_the_utils_modules_and_the_repositorys_files():
     assert {"planner", "profiles", "rollback", "sglang_log", "gpu_facts", "model_files"} <= set(UTILS)
-    assert "sglang_readiness" in MODULES and "moefleet_profile" in MODULES
+    assert "sglang_readiness" in MODULES and "resolve_profiles" in MODULES
     assert {"plan", "next_step", "origins"} <= set(FILTERS)
     assert len(files((".py",))) > 50
     assert not any(".ansible" in p.parts for p in files((".py", ".yml")))

@@ -1,5 +1,5 @@
 """The controller's checks of each host's inputs, profile names, flag bounds and where catalog errors were
-written (plugins/module_utils/profiles.py), as the moefleet_profile module runs them."""
+written (plugins/module_utils/profiles.py), as the resolve_profiles module runs them."""
 
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ class Run:
     def validate_and_confirm(self, serving: dict[str, str]) -> None:
         self.play("localhost")
         resolved = {h: {"name": "ep8"} for h in HOSTS}
-        self.task(Task("Validate the catalog", action="moefleet_profile"), ["localhost"], {"hosts": resolved})
+        self.task(Task("Validate the catalog", action="resolve_profiles"), ["localhost"], {"hosts": resolved})
         self.play("blackwell")
         for host in HOSTS:
             facts = {"ansible_local": {"moefleet": {"serving_profile": serving[host]}}} if host in serving else {}
@@ -308,7 +308,7 @@ def test_validation_failure_reports_a_stopped_run_with_untouched_hosts(tmp_path)
     base = tmp_path / "r6"
     run = Run(extra={"moefleet_report_path": str(base)})
     run.play("localhost")
-    run.task(Task("Validate", action="moefleet_profile"), ["localhost"], {"msg": "unknown profile"}, "failed")
+    run.task(Task("Validate", action="resolve_profiles"), ["localhost"], {"msg": "unknown profile"}, "failed")
     run.stats(failures={"localhost": 1})
     report = read(base)
     assert report["result"] == "stopped"

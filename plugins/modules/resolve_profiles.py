@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: moefleet_profile
+module: resolve_profiles
 short_description: Validate the profile catalog and resolve each host's profile, on the controller
 description:
   - Merges the shipped catalog with the operator's additions, validates it against its JSON Schema
@@ -60,7 +60,7 @@ author: moefleet maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Validate the catalog and resolve profiles
-  moefleet.serving.moefleet_profile:
+  moefleet.serving.resolve_profiles:
     catalog_path: profiles/catalog.yml
     schema: "{{ lookup('file', 'schemas/profile_catalog.schema.json') | from_json }}"
     requested: "{{ profile | default(omit) }}"
