@@ -61,7 +61,7 @@ def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def run(names: list[str], slots: int) -> int:
+def run(names: list[str], slots: int, keep_going: bool = False) -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     pending = list(names)
     running: dict[str, tuple[subprocess.Popen, float]] = {}
@@ -76,6 +76,7 @@ def run(names: list[str], slots: int) -> int:
     signal.signal(signal.SIGINT, stop_all)
     took: dict[str, float] = {}
     failed: str | None = None
+    failed_too: list[str] = []  # with keep_going: every job that failed, the others left to finish
     started = time.monotonic()
     while (pending and failed is None) or running:
         while pending and failed is None and len(running) < slots:
@@ -94,13 +95,17 @@ def run(names: list[str], slots: int) -> int:
             took[name] = time.monotonic() - since
             verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             print(f"suite: {name} {verdict} in {took[name] / 60:.1f} min", flush=True)
-            if proc.returncode != 0 and failed is None:
+            if proc.returncode != 0 and keep_going:
+                failed_too.append(name)
+            elif proc.returncode != 0 and failed is None:
                 failed = name
                 for other, (p, _) in running.items():
                     print(f"suite: stopping {other}", flush=True)
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(p.pid, signal.SIGTERM)
-    outcome = f"failed at {failed}" if failed else "all passed"
+    if failed_too and not failed:
+        failed = failed_too[0]
+    outcome = f"failed at {', '.join(failed_too) or failed}" if failed else "all passed"
     print(f"\nsuite: {outcome} after {(time.monotonic() - started) / 60:.1f} min ({slots} at a time)")
     for name in names:
         print(f"  {name:<20} {took[name] / 60:5.1f} min" if name in took else f"  {name:<20}   not run")
@@ -116,6 +121,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MOEFLEET_SUITE_JOBS", "3")),
                         help="how many jobs run at once (default 3, or $MOEFLEET_SUITE_JOBS)")
     parser.add_argument("--list", action="store_true", help="name the jobs, in the order they start")
+    parser.add_argument("--keep-going", action="store_true", help="run every job even after one failed")
     parser.add_argument("job", nargs="*", help="jobs to run (default: all)")
     args = parser.parse_args()
     if args.list:
@@ -129,7 +135,7 @@ def main() -> int:
         chosen += [j for j in matched if j not in chosen]
     if args.jobs < 1:
         parser.error("--jobs must be 1 or more")
-    return run(chosen, args.jobs)
+    return run(chosen, args.jobs, args.keep_going)
 
 
 if __name__ == "__main__":
