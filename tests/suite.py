@@ -84,8 +84,10 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
             log = LOGS / f"{name}.log"
             print(f"suite: {name} started (log: {log.relative_to(ROOT)})", flush=True)
             with open(log, "w") as out:
+                # the venv's tools first on PATH (molecule runs ansible-config by name), as make sets it
+                env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
                 proc = subprocess.Popen(JOBS[name], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                        start_new_session=True, env=env)
             running[name] = (proc, time.monotonic())
         time.sleep(1)
         for name, (proc, since) in list(running.items()):
