@@ -27,7 +27,7 @@ VERSION = "0.5.10"
 # whole server sends about 500 chunks a second (bench_serving spreads a chunk's gap over its tokens, and the
 # simulated decode speed is smooth, so TPOT and ITL stay right).
 STREAM_WALL_INTERVAL = 0.002
-# Decoding runs on the server's clock, at SGLANG_SIM_TIME_SCALE; SGLANG_SIM_SERVE_TIME_SCALE, when set, runs
+# Decoding runs at SGLANG_SIM_TIME_SCALE (1.0 without it); SGLANG_SIM_SERVE_TIME_SCALE, when set, runs
 # requests at a scale of their own, so a benchmark can be timed precisely (a millisecond of HTTP overhead is
 # 0.06 simulated seconds at 1.0 but 1.2 at 0.05) while start-up stays fast.
 SERVE_TIME_SCALE_ENV = "SGLANG_SIM_SERVE_TIME_SCALE"
@@ -67,10 +67,15 @@ class State:
 
 
 def serve_clock() -> Clock:
-    """The clock requests decode on: the server's time scale, or SGLANG_SIM_SERVE_TIME_SCALE when set."""
+    """The clock requests decode on: SGLANG_SIM_SERVE_TIME_SCALE when set, else SGLANG_SIM_TIME_SCALE when set, else
+    1.0. A lab host's own scale (/etc/sim-gpu/time-scale) speeds its start-ups only: served at that scale, a
+    millisecond of HTTP overhead would weigh as much as a model step in the bench's figures."""
     clock = Clock()
-    with contextlib.suppress(KeyError, ValueError):
-        clock.factor = WALL_PER_SIM * float(os.environ[SERVE_TIME_SCALE_ENV])
+    for name in (SERVE_TIME_SCALE_ENV, "SGLANG_SIM_TIME_SCALE"):
+        with contextlib.suppress(KeyError, ValueError):
+            clock.factor = WALL_PER_SIM * float(os.environ[name])
+            return clock
+    clock.factor = WALL_PER_SIM
     return clock
 
 
