@@ -7,6 +7,7 @@ server's URL; and for the controller checks moefleet.serving.host_inputs, .origi
 
 from __future__ import annotations
 
+import functools
 import os
 
 import yaml
@@ -121,7 +122,7 @@ def host_inputs(hosts, hostvars, names):
     for host in hosts:
         own = hostvars[host]
         values = {name: own[name] for name in names if name in own}
-        if profiles.reads_true(values.get("sglang_model_gated", False)):
+        if playbook_inputs.confirmed(values.get("sglang_model_gated", False)):
             values["sglang_model_hf_token_set"] = bool(own.get("sglang_model_hf_token") or "")
         inputs[host] = values
     return inputs
@@ -181,6 +182,16 @@ def playbook_input_problems(hostvars, hosts, controller="localhost"):
     return playbook_inputs.problems(values, views, outside, everyone=controller)
 
 
+@functools.cache
+def _main_options(path):
+    """A role's main entry point options, read once per run (the filter runs for every host)."""
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)["argument_specs"]["main"].get("options") or {}
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise AnsibleFilterError(f"moefleet.serving.misread_booleans: cannot read {path}: {exc}") from None
+
+
 def misread_booleans(roles, host_vars, roles_dir, extra_options=None, host=None):
     """Sentences for the host's boolean inputs the argument specs take but `| bool` misreads (y/n, t/f, 1.0): ``{{
     moefleet_host_roles | moefleet.serving.misread_booleans(hostvars[inventory_hostname], playbook_dir ~ '/../roles',
@@ -188,12 +199,7 @@ def misread_booleans(roles, host_vars, roles_dir, extra_options=None, host=None)
     meta/argument_specs.yml (main entry point) and ``extra_options``."""
     options = dict(extra_options or {})
     for role in roles:
-        path = os.path.join(roles_dir, role, "meta", "argument_specs.yml")
-        try:
-            with open(path) as f:
-                options.update(yaml.safe_load(f)["argument_specs"]["main"].get("options") or {})
-        except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
-            raise AnsibleFilterError(f"moefleet.serving.misread_booleans: cannot read {path}: {exc}") from None
+        options.update(_main_options(os.path.join(roles_dir, role, "meta", "argument_specs.yml")))
     names = [name for name in options if name in host_vars]
     return playbook_inputs.misread_booleans({name: host_vars[name] for name in names}, options, host)
 

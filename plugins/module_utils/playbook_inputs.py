@@ -217,7 +217,8 @@ def value_problem(name: str, value: Any, host: str | None = None) -> str | None:
 
 
 def confirmed(value: Any) -> bool:
-    """Whether a confirm value that passed value_problem says yes."""
+    """Whether a boolean input reads as true, as the roles' `| bool` reads it (confirm, apply, and the hosts' booleans
+    such as moefleet_allow_unfit); anything that is no boolean reads as false here (validate.yml refuses it)."""
     return parse_bool(value) is True
 
 

@@ -308,12 +308,6 @@ def flag_value_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def reads_true(value: Any) -> bool:
-    """Whether a boolean input reads as true, as the roles' `| bool` reads it; anything that is no boolean reads as
-    false here (playbooks/validate.yml's second play refuses it, naming it)."""
-    return playbook_inputs.parse_bool(value) is True
-
-
 def whole_number(name: str, value: Any, low: int, high: int, host: str | None = None) -> tuple[int | None, str | None]:
     """``(number, None)`` for a whole number (or its digits as -e passes them) within bounds, else
     ``(None, sentence)``."""
@@ -360,7 +354,8 @@ def model_source_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
             f"{repo} to serve (a branch or tag would change under you), or set sglang_model_source=prestaged "
             "for a copy already on the host."
         )
-    if reads_true(inputs.get("sglang_model_gated", False)) and not inputs.get("sglang_model_hf_token_set"):
+    gated = playbook_inputs.confirmed(inputs.get("sglang_model_gated", False))
+    if gated and not inputs.get("sglang_model_hf_token_set"):
         problems.append(
             f"{repo} is gated (sglang_model_gated) but sglang_model_hf_token is empty for {host}; put a token "
             "that may read it in vault as sglang_model_hf_token and run with --ask-vault-pass."
@@ -388,7 +383,7 @@ def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, An
     )
     if problem:
         problems.append(problem)
-    allow_unfit = reads_true(inputs.get("moefleet_allow_unfit", False))
+    allow_unfit = playbook_inputs.confirmed(inputs.get("moefleet_allow_unfit", False))
     for name in fallback_ladder(catalog, profile) if gpus else ():
         layout = planner.Layout.from_flags(catalog["profiles"][name]["flags"])
         if layout.gpus_used == gpus or (layout.gpus_used < gpus and allow_unfit):
