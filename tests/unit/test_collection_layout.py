@@ -11,6 +11,7 @@ filters as ``moefleet.serving.<name>``.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from pathlib import Path
 
@@ -54,12 +55,11 @@ def files(suffixes: tuple[str, ...], under: list[str] | None = None) -> list[Pat
         if start.is_file():
             found.append(start)
             continue
-        for path in start.rglob("*"):
-            rel = path.relative_to(ROOT)
-            if any(part in SKIPPED_DIRS for part in rel.parts) or not path.is_file():
-                continue
-            if path.suffix in suffixes:
-                found.append(path)
+        # os.walk, pruned before descending: the suite runs this while a lab job builds a root filesystem
+        # under .lab/, whose /proc entries come and go mid-scan.
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
+            found.extend(Path(dirpath) / name for name in filenames if Path(name).suffix in suffixes)
     return sorted(set(found))
 
 
