@@ -4,7 +4,10 @@ what labs share), run at most --jobs at a time in the order given, each logging 
 
 A lab job spends most of its time waiting on SSH, systemd and the simulated clock, so two or three of them fit on
 this 2-core machine beside one CPU-bound job. The first failure stops the run: jobs not started are skipped, the
-running ones are stopped, and the failed job's last lines are printed. A table of each job's time closes the run.
+running ones are stopped, and the failed job's last lines are printed. A table closes the run: each job's wall time
+and the CPU it used, on the controller (the job's processes) and in its lab hosts (their containers' cgroups, sampled
+every 2 s; podman labels each host with the job that brought it up). On 2 cores the suite's length is about its
+CPU total over two.
 
     python tests/suite.py [--jobs N] [JOB ...]      (no JOB: every job; a JOB may be a pattern, 'molecule-*';
                                                      `--list` names them)
@@ -19,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +61,56 @@ for _scenario in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molec
     JOBS.setdefault(f"molecule-{_scenario}", _molecule(_scenario))
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct/libpod_parent")  # cgroup v1, podman's cgroupfs manager (LAB-NOTES)
+
+
+class HostCpu(threading.Thread):
+    """CPU seconds used inside each job's lab hosts: every container's cgroup counter, read every 2 s until the
+    container is gone, summed by its moefleet.suite-job label (sim/lab/lab.py sets it from MOEFLEET_SUITE_JOB)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.last: dict[str, float] = {}  # container id -> its counter when last read
+        self.job: dict[str, str] = {}
+        self.done = threading.Event()
+
+    def _label(self, cid: str) -> str:
+        out = subprocess.run(["podman", "inspect", "--format", '{{index .Config.Labels "moefleet.suite-job"}}',
+                              cid], env=_podman_env(), capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    def sample(self) -> None:
+        for counter in CPUACCT.glob("libpod-*/cpuacct.usage"):
+            cid = counter.parent.name.removeprefix("libpod-")
+            with contextlib.suppress(OSError, ValueError):
+                self.last[cid] = int(counter.read_text()) / 1e9
+                if cid not in self.job:
+                    self.job[cid] = self._label(cid)
+
+    def run(self) -> None:
+        while not self.done.wait(2):
+            self.sample()
+
+    def by_job(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for cid, seconds in self.last.items():
+            job = self.job.get(cid) or "(no job)"
+            totals[job] = totals.get(job, 0.0) + seconds
+        return totals
+
+
+def _podman_env() -> dict[str, str]:
+    conf = ROOT / ".lab" / "podman"
+    return dict(os.environ, CONTAINERS_CONF=str(conf / "containers.conf"),
+                CONTAINERS_STORAGE_CONF=str(conf / "storage.conf"))
+
+
+def _machine_cpu() -> float:
+    """CPU seconds the whole machine has been busy (not idle or waiting on I/O), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -75,6 +129,10 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
     took: dict[str, float] = {}
+    controller: dict[str, float] = {}
+    hosts = HostCpu()
+    hosts.start()
+    busy = _machine_cpu()
     failed: str | None = None
     failed_too: list[str] = []  # with keep_going: every job that failed, the others left to finish
     started = time.monotonic()
@@ -85,14 +143,19 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
             print(f"suite: {name} started (log: {log.relative_to(ROOT)})", flush=True)
             with open(log, "w") as out:
                 # the venv's tools first on PATH (molecule runs ansible-config by name), as make sets it
-                env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+                env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                           MOEFLEET_SUITE_JOB=name)
                 proc = subprocess.Popen(JOBS[name], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True, env=env)
             running[name] = (proc, time.monotonic())
         time.sleep(1)
         for name, (proc, since) in list(running.items()):
-            if proc.poll() is None:
+            # wait4: the job's own CPU and that of every process of it that was waited for (ansible, pytest, ...)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
                 continue
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            controller[name] = usage.ru_utime + usage.ru_stime
             del running[name]
             took[name] = time.monotonic() - since
             verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
@@ -107,10 +170,19 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
                         os.killpg(p.pid, signal.SIGTERM)
     if failed_too and not failed:
         failed = failed_too[0]
+    hosts.done.set()
+    hosts.sample()
+    in_hosts = hosts.by_job()
     outcome = f"failed at {', '.join(failed_too) or failed}" if failed else "all passed"
-    print(f"\nsuite: {outcome} after {(time.monotonic() - started) / 60:.1f} min ({slots} at a time)")
+    print(f"\nsuite: {outcome} after {(time.monotonic() - started) / 60:.1f} min ({slots} at a time); the machine "
+          f"was busy {(_machine_cpu() - busy) / 60:.1f} CPU-min")
+    print(f"  {'job':<20} {'wall':>8} {'CPU: controller':>16} {'lab hosts':>10}")
     for name in names:
-        print(f"  {name:<20} {took[name] / 60:5.1f} min" if name in took else f"  {name:<20}   not run")
+        if name not in took:
+            print(f"  {name:<20}  not run")
+            continue
+        print(f"  {name:<20} {took[name] / 60:4.1f} min {controller[name] / 60:11.1f} min "
+              f"{in_hosts.get(name, 0.0) / 60:6.1f} min")
     if failed:
         log = LOGS / f"{failed}.log"
         print(f"\nsuite: last lines of {log.relative_to(ROOT)}:\n{_tail(log)}", file=sys.stderr)

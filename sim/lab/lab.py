@@ -260,6 +260,8 @@ def run_host(name: str, lab: str, tag: str, release: str) -> None:
     ip = static_ip()
     podman("run", "-d", "--name", name, "--hostname", name.removeprefix(f"{PREFIX}-"),
            "--label", f"moefleet.lab={lab}", "--label", f"moefleet.host-options={host_options_label()}",
+           # which job of tests/suite.py brought the host up: the suite sums each job's CPU in its hosts
+           "--label", f"moefleet.suite-job={os.environ.get('MOEFLEET_SUITE_JOB', '')}",
            "--label", f"moefleet.os={release}", "--label", f"moefleet.ip={ip}",
            "--network", NETWORK, "--ip", ip, "--mac-address", static_mac(ip), "--systemd", "always", *host_options(),
            "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)

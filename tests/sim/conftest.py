@@ -160,8 +160,12 @@ class Lab:
         return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
 
     def cleanup(self) -> None:
+        # SIGKILL, not stop(): a test that cares how the server ends stops it itself, and SIGTERM's drain waits
+        # for the watchdog's next look (about 5 s a server). The ranks die with their parent (PDEATHSIG).
         for s in self.servers:
-            s.stop()
+            if s.proc.poll() is None:
+                s.proc.kill()
+                s.proc.wait()
         for f in self.state.glob("*.json"):  # stale holders and anything left
             try:
                 rec = json.loads(f.read_text())
