@@ -88,7 +88,7 @@ test: setup sim-image sim-mirrors oracle-env
 
 # The edit-test loop (about 8 minutes): lint, unit and oracle tests, and one traced deploy on a lab host.
 check: setup sim-image sim-mirrors oracle-env
-	$(BIN)/python tests/suite.py --jobs 4 lint unit oracle lab-deploy
+	$(BIN)/python tests/suite.py --jobs 4 lint unit sim oracle lab-deploy
 
 sim-image: setup
 	$(BIN)/python sim/lab/lab.py image

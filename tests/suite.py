@@ -40,15 +40,21 @@ def _pytest(*args: str) -> list[str]:
 
 
 ROUTER_LAB = "tests/integration/test_router_lab.py"
+SIM_TESTS = ("tests/sim", "tests/sim_hub", "tests/sim_mirrors", "tests/bench")
 
 # In the order they start: the longest lab jobs first, so that the short ones fill in beside them.
 JOBS: dict[str, list[str]] = {
     "lint": ["make", "--no-print-directory", "lint"],
     "molecule-rollback": _molecule("rollback"),
+    "molecule-recovery": _molecule("recovery"),
     "molecule-fleet": _molecule("fleet"),
-    "lab": _pytest("-m", "lab", "tests", "--ignore", ROUTER_LAB),
-    "unit": _pytest("-m", "not lab and not oracle", "tests"),
-    "lab-router": _pytest("-m", "lab", ROUTER_LAB),
+    # the lab jobs' logs list each test's time (what its docstring states as its cost)
+    "lab": _pytest("-m", "lab", "--durations=0", "--durations-min=5", "tests", "--ignore", ROUTER_LAB),
+    # The tests without a lab, in two jobs: the simulator's (which wait on its clock more than they compute)
+    # beside the rest (which compute).
+    "unit": _pytest("-m", "not lab and not oracle", "tests", *(f"--ignore={d}" for d in SIM_TESTS)),
+    "sim": _pytest("-m", "not lab and not oracle", *SIM_TESTS),
+    "lab-router": _pytest("-m", "lab", "--durations=0", "--durations-min=5", ROUTER_LAB),
     "molecule-default": _molecule("default"),
     "oracle": _pytest("-m", "oracle", "tests/oracle"),
     "molecule-install": _molecule("install"),

@@ -2,13 +2,16 @@
 """The simulated lab's hosts: podman containers with systemd as PID 1, reached over SSH.
 
     lab.py image [--os debian12,...]   build (or reuse) the host images (default: Debian 12)
-    lab.py up [--name L] --hosts N [--os debian12,debian13] [--router]
+    lab.py installed                   build (or reuse) the installed-base image: Debian 12 with what the install
+                                       roles put on a host (driver, CUDA, SGLang, the model), cached by their hash
+    lab.py up [--name L] --hosts N [--os debian12,debian13] [--router] [--installed]
                                        start hosts L-1..L-N (+ the shared mirror, serving the apt mirror,
                                        the package index and the Hub stand-in), write an inventory
                                        (default inventory/sim/hosts.yml), wait until each answers Ansible;
                                        --os gives each host its release in turn (L-1 the first, ...);
                                        --router adds host L-router in group routers (the model gateway,
-                                       roles/sglang_router) and binds the workers to their lab address
+                                       roles/sglang_router) and binds the workers to their lab address;
+                                       --installed starts the workers from the installed-base image
     lab.py reboot HOST                 reboot lab host HOST (e.g. lab-1): the container restarts, systemd boots
                                        again with a new /dev, and only the host's own units set it up again
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
@@ -188,6 +191,59 @@ def build_image(release: str = DEFAULT_OS) -> str:
             podman("rmi", old, check=False)
     log(f"image {tag} built in {time.monotonic() - started:.0f} s")
     return tag
+
+
+# What the installed-base image holds: the install roles' work (sim/playbooks/installed_base.yml) on a Debian 12
+# host. Lab jobs that test serving, rollouts and faults start from it; the install path itself runs from a bare
+# host in the default and install scenarios. Its hash covers every input of that run.
+INSTALLED_INPUTS = ["roles", "sim/playbooks", "sim/mirrors", "sim/model", "sim/gpu", "inventory/sim/group_vars",
+                    "ansible.cfg"]
+
+
+def installed_tag() -> str:
+    digest = hashlib.sha256(image_tag(DEFAULT_OS).encode())
+    for top in INSTALLED_INPUTS:
+        paths = [REPO / top] if (REPO / top).is_file() else sorted((REPO / top).rglob("*"))
+        for path in paths:
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return f"localhost/{PREFIX}-{DEFAULT_OS}-installed:{digest.hexdigest()[:12]}"
+
+
+def build_installed() -> str:
+    """The installed-base image: a host brought up from the Debian 12 image, prepared as any lab host, with the
+    install roles run on it by Ansible, then shut down and committed. Built once per content hash; a second
+    caller waits on the lock and reuses it."""
+    tag = installed_tag()
+    with open(LAB / "installed.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if podman("image", "exists", tag, check=False).returncode == 0:
+            log(f"image {tag} is cached")
+            return tag
+        started = time.monotonic()
+        lab, inventory = "installed-base", LAB / "installed-base" / "hosts.yml"
+        name = f"{PREFIX}-{lab}-1"
+        log(f"building the installed-base image {tag}: the install roles on {name} (about 2 minutes)")
+        up(lab, 1, inventory)
+        playbook = REPO / ".venv" / "bin" / "ansible-playbook"
+        try:
+            with open(LAB / "installed-base.log", "w") as out:
+                for play in ("prepare.yml", "installed_base.yml"):
+                    argv = [str(playbook), "-i", str(inventory), str(HERE.parent / "playbooks" / play)]
+                    result = subprocess.run(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+                    if result.returncode != 0:
+                        raise SystemExit(f"lab: {play} failed on {name}; see {LAB / 'installed-base.log'}")
+            # No host keys or machine id in the image: each host from it makes its own at first boot.
+            podman("exec", name, "sh", "-c", "rm -f /etc/ssh/ssh_host_* && : > /etc/machine-id")
+            podman("stop", "-t", "30", name)
+            podman("commit", "--quiet", name, tag)
+        finally:
+            down(lab, inventory)
+        for old in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
+            if old.startswith(f"localhost/{PREFIX}-{DEFAULT_OS}-installed:") and old != tag:
+                podman("rmi", old, check=False)
+        log(f"image {tag} built in {time.monotonic() - started:.0f} s")
+        return tag
 
 
 def lab_containers(lab: str | None = None) -> dict[str, dict]:
@@ -505,18 +561,24 @@ def shared_state_lock():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None, router: bool = False) -> None:
+def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None, router: bool = False,
+       installed: bool = False) -> None:
     if count < 1:
         raise SystemExit("lab: --hosts must be 1 or more; use `make sim-down` to remove the lab")
+    if installed and set(releases or [DEFAULT_OS]) != {DEFAULT_OS}:
+        raise SystemExit(f"lab: --installed is built for {DEFAULT_OS} only; leave out --os or --installed")
+    worker_image = build_installed() if installed else None  # before the shared lock: it brings up a lab itself
     with shared_state_lock():
-        hosts, gateway, started = _start_hosts(lab, count, inventory, releases, router)
+        hosts, gateway, started = _start_hosts(lab, count, inventory, releases, router, worker_image)
     wait_for_ansible(inventory, list(hosts) + ([gateway[0]] if gateway else []))
     what = f"{count} host(s)" + (" and the router" if router else "")
     log(f"lab {lab}: {what} answer Ansible ({time.monotonic() - started:.1f} s); mirror at http://{MIRROR}:{MIRROR_PORT}")
 
 
-def _start_hosts(lab: str, count: int, inventory: Path, releases: list[str] | None, router: bool):
-    """up's part that changes shared state: images, network, mirror, the hosts and their inventory."""
+def _start_hosts(lab: str, count: int, inventory: Path, releases: list[str] | None, router: bool,
+                 worker_image: str | None = None):
+    """up's part that changes shared state: images, network, mirror, the hosts and their inventory. The workers
+    start from worker_image when given (the installed base), else from their release's image."""
     releases = releases or [DEFAULT_OS]
     workers = [f"{PREFIX}-{lab}-{i}" for i in range(1, count + 1)]
     router_name = f"{PREFIX}-{lab}-router"
@@ -524,6 +586,7 @@ def _start_hosts(lab: str, count: int, inventory: Path, releases: list[str] | No
     os_of = {name: releases[i % len(releases)] for i, name in enumerate(workers)}
     os_of[router_name] = DEFAULT_OS
     tags = {release: build_image(release) for release in dict.fromkeys([DEFAULT_OS, *os_of.values()])}
+    image_of = {name: worker_image or tags[os_of[name]] for name in workers} | {router_name: tags[DEFAULT_OS]}
     ensure_ssh_key()
     ensure_network()
     build_mirror()
@@ -542,12 +605,12 @@ def _start_hosts(lab: str, count: int, inventory: Path, releases: list[str] | No
             remove_container(name)
             info = None
         elif info is not None and (labels.get("moefleet.os", DEFAULT_OS) != os_of[name]
-                                   or info.get("Image") != tags[os_of[name]]):
-            log(f"removing {name} (asked for {os_of[name]} from {tags[os_of[name]]})")
+                                   or info.get("Image") != image_of[name]):
+            log(f"removing {name} (asked for {os_of[name]} from {image_of[name]})")
             remove_container(name)
             info = None
         if info is None:
-            run_host(name, lab, tags[os_of[name]], os_of[name])
+            run_host(name, lab, image_of[name], os_of[name])
             log(f"started {name} ({os_of[name]})")
         elif info["State"] != "running":
             podman("start", name)
@@ -593,6 +656,9 @@ def main() -> None:
     up_p.add_argument("--inventory", type=Path, default=INVENTORY)
     up_p.add_argument("--router", action="store_true",
                       help="add host NAME-router in group routers, in front of the workers")
+    up_p.add_argument("--installed", action="store_true",
+                      help="start the workers from the installed-base image (built first if its inputs changed)")
+    sub.add_parser("installed", help="build (or reuse) the installed-base image")
     down_p = sub.add_parser("down")
     down_p.add_argument("--name", default="lab")
     down_p.add_argument("--all", action="store_true", help="every lab, the mirror and the network")
@@ -611,8 +677,10 @@ def main() -> None:
         with shared_state_lock():
             for release in dict.fromkeys(args.os):
                 build_image(release)
+    elif args.cmd == "installed":
+        build_installed()
     elif args.cmd == "up":
-        up(args.name, args.hosts, args.inventory.resolve(), args.os, args.router)
+        up(args.name, args.hosts, args.inventory.resolve(), args.os, args.router, args.installed)
     elif args.cmd == "down":
         down(None if args.all else args.name, args.inventory.resolve())
     elif args.cmd == "reboot":

@@ -33,7 +33,9 @@ def lab_inventory(tmp_path_factory: pytest.TempPathFactory):
     _run(sys.executable, LAB_PY, "down", "--name", "itest", "--inventory", inventory)  # leftovers of a killed run
     _run(sys.executable, LAB_PY, "image")
     _run(sys.executable, ROOT / "sim" / "mirrors" / "build.py")
-    _run(sys.executable, LAB_PY, "up", "--name", "itest", "--hosts", "2", "--inventory", inventory)
+    # from the installed-base image (lab.py installed): the install path runs from bare in molecule's default and
+    # install scenarios
+    _run(sys.executable, LAB_PY, "up", "--name", "itest", "--hosts", "2", "--installed", "--inventory", inventory)
     _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml", env=env)
     yield inventory
     _run(sys.executable, LAB_PY, "down", "--name", "itest", "--inventory", inventory)

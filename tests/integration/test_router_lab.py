@@ -188,7 +188,9 @@ def routed_lab(tmp_path_factory):
     _run(sys.executable, LAB_PY, "down", "--name", LAB, "--inventory", inventory)  # a killed run's leftovers
     _run(sys.executable, LAB_PY, "image")
     _run(sys.executable, ROOT / "sim" / "mirrors" / "build.py")
-    _run(sys.executable, LAB_PY, "up", "--name", LAB, "--hosts", "3", "--router", "--inventory", inventory)
+    # the workers from the installed-base image (lab.py installed): molecule's default scenario installs from bare
+    _run(sys.executable, LAB_PY, "up", "--name", LAB, "--hosts", "3", "--router", "--installed",
+         "--inventory", inventory)
     clock.lap("lab up")
     try:
         _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml")
