@@ -479,6 +479,20 @@ def wait_for_ansible(inventory: Path, names: list[str], timeout: float = 120) ->
         time.sleep(1)
 
 
+def wait_for_mirror(names: list[str], timeout: float = 60) -> None:
+    """Until each host reaches the mirror by its name: on a network podman has just made, its DNS
+    (aardvark-dns) answered "Name or service not known" for the mirror a moment after `up`, and the first apt
+    or key download of a fresh clone's first lab failed (CI)."""
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while podman("exec", name, "curl", "-sf", "-o", "/dev/null", "--max-time", "3",
+                     f"http://{MIRROR}:{MIRROR_PORT}/", check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"lab: {name} cannot reach the mirror at http://{MIRROR}:{MIRROR_PORT}/ "
+                                 f"within {timeout:.0f} s (`lab.py status`; `lab.py down --all` rebuilds the network)")
+            time.sleep(1)
+
+
 def _host_bridges() -> tuple[set[str], set[str]]:
     """Names of this machine's network interfaces and the IPv4 addresses on them."""
     names = set(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else set()
@@ -571,6 +585,7 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None,
     with shared_state_lock():
         hosts, gateway, started = _start_hosts(lab, count, inventory, releases, router, worker_image)
     wait_for_ansible(inventory, list(hosts) + ([gateway[0]] if gateway else []))
+    wait_for_mirror([f"{PREFIX}-{name}" for name in list(hosts) + ([gateway[0]] if gateway else [])])
     what = f"{count} host(s)" + (" and the router" if router else "")
     log(f"lab {lab}: {what} answer Ansible ({time.monotonic() - started:.1f} s); mirror at http://{MIRROR}:{MIRROR_PORT}")
 
