@@ -480,16 +480,18 @@ def wait_for_ansible(inventory: Path, names: list[str], timeout: float = 120) ->
 
 
 def wait_for_mirror(names: list[str], timeout: float = 60) -> None:
-    """Until each host reaches the mirror by its name: on a network podman has just made, its DNS
-    (aardvark-dns) answered "Name or service not known" for the mirror a moment after `up`, and the first apt
-    or key download of a fresh clone's first lab failed (CI)."""
+    """Until each host reaches the mirror by its name, or a sentence naming the fix. A mirror container killed
+    without podman leaves its network's DNS record (/run/containers/networks/aardvark-dns/<network>, one per
+    machine) behind: a new clone at the same path (the same network name) then had hosts for which the mirror's
+    name did not resolve, and the first key download failed with "Name or service not known"."""
     deadline = time.monotonic() + timeout
     for name in names:
         while podman("exec", name, "curl", "-sf", "-o", "/dev/null", "--max-time", "3",
                      f"http://{MIRROR}:{MIRROR_PORT}/", check=False).returncode != 0:
             if time.monotonic() > deadline:
                 raise SystemExit(f"lab: {name} cannot reach the mirror at http://{MIRROR}:{MIRROR_PORT}/ "
-                                 f"within {timeout:.0f} s (`lab.py status`; `lab.py down --all` rebuilds the network)")
+                                 f"within {timeout:.0f} s: run `lab.py down --all` (it removes the lab's network and "
+                                 f"its DNS records) and `up` again")
             time.sleep(1)
 
 
