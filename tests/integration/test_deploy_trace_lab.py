@@ -6,6 +6,8 @@ docs/architecture.md), and comes back to a file already left at most twice (none
 Cost: on a warm host (the rollout tests' or an earlier run's) two deploys, about 2 minutes; on a fresh lab the
 first deploy installs the whole path (about 4 minutes more). It runs last in this directory (conftest.py) and
 leaves itest-1 serving tp2ep4.
+
+Cost (a fresh-clone make test, beside two other jobs): 179 s (the traced deploy, after a deploy of tp8 when alone).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """moefleet rollout and moefleet status on a two-host lab: a clean rollout, then one whose canary runs out of
 memory, which stops before the second host. The tests run in file order: the second starts where the first
 left the lab.
+
+Cost (a fresh-clone make test, beside two other jobs): the clean rollout from the installed base 204 s (the lab's
+start 22 s), the canary OOM 81 s.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ serving worker finishes the requests in flight (KillMode=mixed) where KillMode=c
 bench sweep of a worker measures the address it binds, out of the router, and puts it back, and (6) uninstall
 takes a host out of the router first. The workers require an API key and the gateway has it, as in the example
 inventory.
+
+Cost (a fresh-clone make test, beside two other jobs): 18.1 minutes in all; the lab (3 workers from the installed
+base, tp8 on each, the gateway) 234 s, (1) 461 s, (2) 184 s, (3) 8 s, (4) 24 s, (5) 116 s, (6) 39 s, the removal 17 s.
 """
 
 from __future__ import annotations
