@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from playbook import lab_module  # tests/, beside this file: the lab's own podman settings
+
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / ".lab" / "logs"
 BIN = Path(sys.executable).parent
@@ -82,7 +84,7 @@ class HostCpu(threading.Thread):
 
     def _label(self, cid: str) -> str:
         out = subprocess.run(["podman", "inspect", "--format", '{{index .Config.Labels "moefleet.suite-job"}}',
-                              cid], env=_podman_env(), capture_output=True, text=True)
+                              cid], env=lab_module().podman_env(), capture_output=True, text=True)
         return out.stdout.strip() if out.returncode == 0 else ""
 
     def sample(self) -> None:
@@ -103,12 +105,6 @@ class HostCpu(threading.Thread):
             job = self.job.get(cid) or "(no job)"
             totals[job] = totals.get(job, 0.0) + seconds
         return totals
-
-
-def _podman_env() -> dict[str, str]:
-    conf = ROOT / ".lab" / "podman"
-    return dict(os.environ, CONTAINERS_CONF=str(conf / "containers.conf"),
-                CONTAINERS_STORAGE_CONF=str(conf / "storage.conf"))
 
 
 def _machine_cpu() -> float:

@@ -3,7 +3,8 @@
 
     lab.py image [--os debian12,...]   build (or reuse) the host images (default: Debian 12)
     lab.py installed                   build (or reuse) the installed-base image: Debian 12 with what the install
-                                       roles put on a host (driver, CUDA, SGLang, the model), cached by their hash
+                                       roles put on a host (driver, CUDA, SGLang; not the model), cached by the
+                                       hash of that run's inputs
     lab.py up [--name L] --hosts N [--os debian12,debian13] [--router] [--installed]
                                        start hosts L-1..L-N (+ the shared mirror, serving the apt mirror,
                                        the package index and the Hub stand-in), write an inventory
@@ -586,8 +587,9 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None,
     worker_image = build_installed() if installed else None  # before the shared lock: it brings up a lab itself
     with shared_state_lock():
         hosts, gateway, started = _start_hosts(lab, count, inventory, releases, router, worker_image)
-    wait_for_ansible(inventory, list(hosts) + ([gateway[0]] if gateway else []))
-    wait_for_mirror([f"{PREFIX}-{name}" for name in list(hosts) + ([gateway[0]] if gateway else [])])
+    names = list(hosts) + ([gateway[0]] if gateway else [])
+    wait_for_ansible(inventory, names)
+    wait_for_mirror([f"{PREFIX}-{name}" for name in names])
     what = f"{count} host(s)" + (" and the router" if router else "")
     log(f"lab {lab}: {what} answer Ansible ({time.monotonic() - started:.1f} s); mirror at http://{MIRROR}:{MIRROR_PORT}")
 
