@@ -222,8 +222,10 @@ def run_playbook(
     notice: Callable[[str], None] = print,
     limit: str | None = None,
     vault: Vault | None = None,
+    skip_tags: str | None = None,
 ) -> RunResult:
-    """Run playbooks/<name> on the inventory and return how it ended; BadInput before anything runs."""
+    """Run playbooks/<name> on the inventory and return how it ended; BadInput before anything runs. skip_tags is
+    ansible-playbook's --skip-tags."""
     import ansible_runner
 
     playbook = playbook_path(name)
@@ -252,6 +254,7 @@ def run_playbook(
                 playbook=str(playbook),
                 inventory=_runner_inventory(hosts),
                 limit=limit,
+                skip_tags=skip_tags,
                 extravars=dict(extravars or {}),
                 envvars=envvars,
                 cmdline=vault.cmdline(),

@@ -69,7 +69,7 @@ def test_canary_oom_stops_the_rollout_before_the_second_host(lab_inventory, tmp_
     report = tmp_path / "oom"
     code, out = moefleet(
         capsys, "rollout", "-i", str(lab_inventory), "-e", "profile=ep8", "-e", "confirm=yes",
-        "-e", OOM_ON_EP8, "--report", str(report),
+        "-e", OOM_ON_EP8, "--serve-only", "--report", str(report),
     )  # fmt: skip
     assert code == 1, out
     assert "itest-1          rolled back" in out and "itest-1          failed" in out

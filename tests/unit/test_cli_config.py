@@ -196,13 +196,17 @@ def test_vault_password_file_and_ask_vault_pass_reach_ansible(vaulted):
 
 
 class Recorder:
-    """Stands in for runner.run_playbook and runner.run_adhoc, keeping the vault each was given."""
+    """Stands in for runner.run_playbook and runner.run_adhoc, keeping the vault each was given (and the
+    playbooks' --skip-tags)."""
 
     def __init__(self):
         self.vaults: list[runner.Vault | None] = []
+        self.skip_tags: list[str | None] = []
 
-    def playbook(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
+    def playbook(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None,
+                 skip_tags=None):
         self.vaults.append(vault)
+        self.skip_tags.append(skip_tags)
         return runner.RunResult("failed", 2)
 
     def adhoc(self, module, module_args, inventory, pattern, limit=None, extravars=None, vault=None):
@@ -234,6 +238,15 @@ def test_every_command_that_runs_ansible_passes_the_vault_options(command, opera
     assert record.vaults, capsys.readouterr()
     assert set(record.vaults) == {runner.Vault((str(operator / "pass.txt"),), ask=True, password="typed")}
     assert asked == ["Vault password: "]  # once, for every run of the command
+
+
+@pytest.mark.parametrize("command", ["rollout", "deploy"])
+def test_serve_only_skips_the_install_tag_and_nothing_else(command, operator, monkeypatch, capsys):
+    record = Recorder()
+    monkeypatch.setattr(runner, "run_playbook", record.playbook)
+    cli.main([command, "-i", "hosts.yml", "-e", "profile=ep8", "--yes", "--serve-only"])
+    cli.main([command, "-i", "hosts.yml", "-e", "profile=ep8", "--yes"])
+    assert record.skip_tags == ["install", None], capsys.readouterr()
 
 
 @pytest.mark.parametrize("command", COMMANDS[::2] + [["status"]])

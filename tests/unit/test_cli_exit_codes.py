@@ -164,7 +164,7 @@ ROLLOUT = """
     from moefleet import runner
     from moefleet.cli import main
 
-    def fake(name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
+    def fake(name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None, skip_tags=None):
         for i in range(3000):  # progress lines, far more than the pipe holds: the run goes on to its end
             on_event({"event": "runner_on_ok", "event_data": {"host": f"gpu-{i}", "res": {"ansible_facts": {
                 "sglang_service_outcome": {"outcome": "ready", "serving_profile": "ep8"}}}}})

@@ -46,7 +46,8 @@ class FakeRun:
         self.result = result or runner.RunResult(status="successful", rc=0)
         self.calls: list[tuple] = []
 
-    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
+    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None,
+                 skip_tags=None):
         runner.inventory_path(inventory)
         self.calls.append((name, inventory, dict(extravars or {})))
         self.limits = [*getattr(self, "limits", []), limit]

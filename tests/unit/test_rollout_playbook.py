@@ -172,7 +172,8 @@ class FakeFleet:
         local = {"ansible_facts": {"ansible_local": {"moefleet": {"serving_profile": "ep8"}}}}
         return runner.AdhocResult({h: local for h in self.hosts}, {}, {}, "successful", 0)
 
-    def run_playbook(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
+    def run_playbook(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None,
+                     skip_tags=None):
         self.playbooks.append(dict(extravars))
         base = Path(extravars["moefleet_report_path"])
         base.with_name(base.name + ".json").write_text(json.dumps({"result": "complete", "hosts": []}))

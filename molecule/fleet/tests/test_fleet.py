@@ -21,7 +21,9 @@ FAULTY = INVENTORY.parent / "host_vars" / "fleet-3.yml"
 
 
 def rollout(report: Path, *extra_vars: str) -> tuple[int, str]:
-    run = run_playbook(INVENTORY, "playbooks/rollout.yml", f"moefleet_report_path={report}", *extra_vars)
+    """rollout.yml on the converged fleet, as `moefleet rollout --serve-only` runs it (--skip-tags install)."""
+    run = run_playbook(INVENTORY, "playbooks/rollout.yml", f"moefleet_report_path={report}", *extra_vars,
+                       options=("--skip-tags", "install"))
     return run.returncode, run.stdout + run.stderr
 
 

@@ -119,7 +119,7 @@ def test_an_interrupted_package_install_is_finished_by_the_next_run(host):
     host.check_output("sed -i '/^Package: nvidia-persistenced$/,/^$/s/^Status: install ok installed$/"
                       "Status: install ok half-configured/' /var/lib/dpkg/status")
     assert "nvidia-persistenced" in host.run("dpkg --audit").stdout
-    rc, out, _ = deploy("profile=tp8", RUNTIME_OOM_AFTER_2)
+    rc, out, _ = deploy("profile=tp8", RUNTIME_OOM_AFTER_2, install=True)
     finished = r"Finish the packages an interrupted install left unconfigured\]\s*\**\s*changed:"
     assert re.search(finished, out), out[-3000:]
     assert host.run("dpkg --audit").stdout.strip() == "", out[-3000:]
