@@ -56,7 +56,7 @@ ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/rout
 # clients send it to the gateway, which forwards it.
 WORKER_KEY = "lab-worker-api-key-not-a-secret"  # inventory/sim/group_vars/all.yml (lab_worker_api_key)
 CHUNK = 20  # requests per bounded load chunk; chunks follow each other until the rollout ends
-RATE = 5.0  # requests started per second
+RATE = 3.0  # requests started per second
 MAX_TOKENS = 200
 
 
