@@ -44,8 +44,8 @@ def _pytest(*args: str) -> list[str]:
 ROUTER_LAB = "tests/integration/test_router_lab.py"
 SIM_TESTS = ("tests/sim", "tests/sim_hub", "tests/sim_mirrors", "tests/bench")
 
-# In the order they start, longest first (a fresh-clone run, three at a time: lab 19, molecule-default 15, lab-router 13,
-# fleet, recovery and rollback 11-13, install 6, the rest under 5 minutes), so that the short ones fill in at the end.
+# In the order they start, longest first (a fresh-clone run, three at a time: lab 19 minutes, molecule-default 15,
+# lab-router 13, fleet, recovery and rollback 11-13, install 6, the rest under 5), so the short ones fill in at the end.
 JOBS: dict[str, list[str]] = {
     # the lab jobs' logs list each test's time (what its docstring states as its cost)
     "lab": _pytest("-m", "lab", "--durations=0", "--durations-min=5", "tests", "--ignore", ROUTER_LAB),
