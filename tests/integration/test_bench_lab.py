@@ -12,7 +12,7 @@ relative bench_report_dir, which must land under the repository root (the workin
 The sweep of a worker behind the model gateway runs on the router lab (tests/integration/test_router_lab.py,
 test_a_bench_sweep_measures_the_bind_address_out_of_the_router), whose hosts are up already.
 
-Cost (a fresh-clone make test, beside two other jobs): 157 s (three profiles served in turn, then the put-back).
+Cost (a fresh-clone make test, beside two other jobs): 195 s (three profiles served in turn, then the put-back).
 """
 
 from __future__ import annotations

@@ -3,11 +3,10 @@
 follows it reads at most 24 task files, at most 5 of them the sglang_service role's (its tasks/main.yml steps,
 docs/architecture.md), and comes back to a file already left at most twice (none inside sglang_service).
 
-Cost: on a warm host (the rollout tests' or an earlier run's) two deploys, about 2 minutes; on a fresh lab the
-first deploy installs the whole path (about 4 minutes more). It runs last in this directory (conftest.py) and
-leaves itest-1 serving tp2ep4.
+Two deploys: tp8 with --skip-tags install (the host is from the installed-base image), then the traced switch, which
+runs the whole path. It runs last in this directory (conftest.py) and leaves itest-1 serving tp2ep4.
 
-Cost (a fresh-clone make test, beside two other jobs): 179 s (the traced deploy, after a deploy of tp8 when alone).
+Cost (a fresh-clone make test, beside two other jobs): 123 s (a serve-only deploy of tp8, then the traced deploy).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 memory, which stops before the second host. The tests run in file order: the second starts where the first
 left the lab.
 
-Cost (a fresh-clone make test, beside two other jobs): the clean rollout from the installed base 204 s (the lab's
-start 22 s), the canary OOM 81 s.
+Cost (a fresh-clone make test, beside two other jobs): the clean rollout (--serve-only) on the installed base 169 s
+(the lab's start 171 s, the installed-base image built in it), the canary OOM 83 s.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ and the controller's fact cache), the rollout report, or any file on the host ot
 Runs on itest-2 only (the lab_inventory fixture's second host), after the rollout tests of this directory if
 they run in the same session (it leaves itest-2 serving tp8, as they do). About a minute on a warm host.
 
-Cost (a fresh-clone make test, beside two other jobs): the download with the token 138 s (its fixture), each refusal
-38 s, the checks on what it left under 1 s.
+Cost (a fresh-clone make test, beside two other jobs): the download with the token 93 s (its fixture), each refusal
+about 20 s, the checks on what it left under 1 s.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Runs last among this directory's lab tests (file order), on the host the rollout
 serving; alone, it deploys tp8 there first. It leaves itest-2 uninstalled: no later test uses the fixture's
 hosts, and the fixture removes the lab at the end of the session.
 
-Cost (a fresh-clone make test, beside two other jobs): 110 s (--check, the refusal, the removal).
+Cost (a fresh-clone make test, beside two other jobs): 66 s (--check, the refusal, the removal).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ start that stays failed, a package install cut short, a record written by older 
 rollback itself. Converge deployed the lab's tp2ep4 (the last good unit). The start-up faults are
 molecule/rollback's (tests/fault_deploys.py deploys for both).
 
-Cost (a fresh-clone make test, beside two other jobs): 17.2 minutes for the scenario, converge included; each test
-77-129 s (the failure inside the rollback 129 s), all deploys of one host.
+Cost (a fresh-clone make test, beside two other jobs): 9.6 minutes for the scenario, converge included; each test
+24-82 s (the interrupted package install, the whole path, 82 s), all deploys of one host.
 """
 
 import concurrent.futures
