@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import jsonschema
-from playbook import ROOT, run_playbook
+from playbook import ROOT, SERVE_ONLY, run_playbook
 
 FACTS_SCHEMA = json.loads((ROOT / "schemas" / "local_facts.schema.json").read_text())
 
@@ -19,7 +19,7 @@ def deploy(*extra_vars: str, install: bool = False) -> tuple[int, str, dict]:
     """deploy.yml on the scenario's inventory ($MOEFLEET_LAB_INVENTORY): (exit code, output, the lab host's recap).
     The scenario's converge ran the whole path; these deploys change what serves as an operator does on an installed
     host, with --skip-tags install (`moefleet deploy --serve-only`; about half a deploy's time), unless install."""
-    options = () if install else ("--skip-tags", "install")
+    options = () if install else SERVE_ONLY
     run = run_playbook(Path(os.environ["MOEFLEET_LAB_INVENTORY"]), "deploy.yml", *extra_vars, options=options)
     # The lab host's recap line (not localhost's, which validates on the controller).
     recap = re.search(r"^(?!localhost)\S+\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",

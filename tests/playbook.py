@@ -11,8 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from moefleet.commands.rollout import SERVE_ONLY_SKIP_TAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+# ansible-playbook's options for a serve-only deploy or rollout, as `moefleet deploy|rollout --serve-only` runs them
+SERVE_ONLY = ("--skip-tags", SERVE_ONLY_SKIP_TAGS)
 
 
 def run_playbook(inventory: str | Path, playbook: str | Path, *extra_vars: str, options: tuple[str, ...] = (),

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "callbacks"))
-from playbook import on_host, run_playbook  # noqa: E402  (tests/playbook.py)
+from playbook import SERVE_ONLY, on_host, run_playbook  # noqa: E402  (tests/playbook.py)
 from task_files import summarize  # noqa: E402  (tests/callbacks/task_files.py)
 
 HOST = "itest-1"
@@ -39,7 +39,7 @@ def deploy(inventory: Path, profile: str, *options: str):
 
 def test_a_profile_switch_reads_each_file_once(lab_inventory, tmp_path, monkeypatch):
     # the host is from the installed base (or installed by the tests before): only the traced switch runs the whole path
-    deploy(lab_inventory, "tp8", "--skip-tags", "install")
+    deploy(lab_inventory, "tp8", *SERVE_ONLY)
     assert on_host(lab_inventory, HOST, "systemctl is-active sglang.service").strip() == "active"
     trace = tmp_path / "trace.json"
     # run_playbook passes the environment on; the repository's own callback stays enabled beside the tracer

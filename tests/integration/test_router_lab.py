@@ -35,7 +35,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ansible_collections.moefleet.serving.plugins.modules import gateway_route  # noqa: E402
-from playbook import ROOT, on_host, run_playbook, ssh_config_path  # noqa: E402
+from playbook import ROOT, SERVE_ONLY, on_host, run_playbook, ssh_config_path  # noqa: E402
 from router_load import Load, percentile  # noqa: E402
 
 pytestmark = pytest.mark.lab
@@ -158,7 +158,7 @@ def _rollout_under_load(inventory: Path, router_url: str, *extra: str) -> tuple[
     """The rollout playbook on the installed workers as `moefleet rollout --serve-only` runs it (--skip-tags install),
     with bounded load chunks through the router from its start to its end."""
     cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "rollout.yml"),
-           "--skip-tags", "install", "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e))]
+           *SERVE_ONLY, "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e))]
     totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
     started = time.monotonic()
     # Its output goes to a file: a pipe read only at the end fills up and stops the playbook.
@@ -202,7 +202,7 @@ def routed_lab(tmp_path_factory):
         # All workers at once (deploy.yml), then the gateway in front of them. (Installed meanwhile, the
         # gateway starts before the workers serve and registers them up to 18 s late: no faster in all.)
         # the workers are installed (the installed base): only what serves changes, as --serve-only
-        deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA, options=("--skip-tags", "install"))
+        deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA, options=SERVE_ONLY)
         assert deployed.returncode == 0, deployed.stdout[-4000:]
         clock.lap("deploy tp8 to 3 workers at once")
         _run(VENV_BIN / "ansible", "-i", inventory, "routers", "-m", "ansible.builtin.include_role",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-from playbook import run_playbook  # noqa: E402
+from playbook import SERVE_ONLY, run_playbook  # noqa: E402
 
 KEY = "sglang_service_api_key=molecule-test-key-7f3a"  # as converge.yml set it
 
@@ -36,7 +36,7 @@ def test_check_mode_previews_the_switch_and_changes_nothing(host):
 def test_switch_to_ep8_changes_unit_and_serving_layout(host):
     before_unit, before_invocation = unit_and_invocation(host)
     # converge and idempotence ran the whole path on this host: the switch changes only what serves (--serve-only)
-    run = deploy(host, "profile=ep8", KEY, options=("--skip-tags", "install"))
+    run = deploy(host, "profile=ep8", KEY, options=SERVE_ONLY)
     assert run.returncode == 0, run.stdout[-3000:]
     unit, invocation = unit_and_invocation(host)
     assert unit != before_unit and invocation != before_invocation

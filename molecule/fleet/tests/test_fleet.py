@@ -13,7 +13,7 @@ import testinfra
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-from playbook import run_playbook, ssh_config_path  # noqa: E402
+from playbook import SERVE_ONLY, run_playbook, ssh_config_path  # noqa: E402
 
 INVENTORY = Path(os.environ["MOEFLEET_LAB_INVENTORY"])
 HOSTS = [f"fleet-{i}" for i in range(1, 5)]
@@ -23,7 +23,7 @@ FAULTY = INVENTORY.parent / "host_vars" / "fleet-3.yml"
 def rollout(report: Path, *extra_vars: str) -> tuple[int, str]:
     """rollout.yml on the converged fleet, as `moefleet rollout --serve-only` runs it (--skip-tags install)."""
     run = run_playbook(INVENTORY, "playbooks/rollout.yml", f"moefleet_report_path={report}", *extra_vars,
-                       options=("--skip-tags", "install"))
+                       options=SERVE_ONLY)
     return run.returncode, run.stdout + run.stderr
 
 
