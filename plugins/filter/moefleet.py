@@ -2,8 +2,8 @@
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
 .fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; the
 documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one composition of an SGLang
-server's URL; and for the controller checks moefleet.serving.host_inputs, .origins, .playbook_input_problems and
-.misread_booleans."""
+server's URL; .model_flags, the served model's parsers and sampling flags; and for the controller checks
+moefleet.serving.host_inputs, .origins, .playbook_input_problems and .misread_booleans."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ansible_collections.moefleet.serving.plugins.module_utils import (
     playbook_inputs,
     profiles,
     rollback,
+    serving_model,
 )
 
 
@@ -230,6 +231,17 @@ def worker_url(host, port, reach=None):
     return f"http://{'[' + addr + ']' if ':' in addr else addr}:{int(port)}"
 
 
+def model_flags(models, model, tool_call_parser="auto", reasoning_parser="auto", sampling_defaults="",
+                context_length=0):
+    """The served model's SGLang flags (module_utils/serving_model.py): ``{{ sglang_service_models |
+    moefleet.serving.model_flags(sglang_service_model, ...) }}`` -> dict."""
+    try:
+        return serving_model.model_flags(models, model, tool_call_parser, reasoning_parser, sampling_defaults,
+                                         context_length)
+    except serving_model.ServingModelError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 class FilterModule:
     """moefleet filters, called as moefleet.serving.<name>."""
 
@@ -251,4 +263,5 @@ class FilterModule:
             "playbook_input_problems": playbook_input_problems,
             "misread_booleans": misread_booleans,
             "worker_url": worker_url,
+            "model_flags": model_flags,
         }

@@ -48,6 +48,10 @@ OWNED = {
     "api_key": "sglang_service_api_key (in Ansible Vault: it reaches SGLang as a credential file, not argv)",
     "admin_api_key": "sglang_service_api_key (in Ansible Vault; never on the command line)",
     "config": "the role's own variables (the role passes --config for the API key)",
+    "tool_call_parser": "sglang_service_tool_call_parser (auto: the model's, from sglang_service_models)",
+    "reasoning_parser": "sglang_service_reasoning_parser (auto: the model's, from sglang_service_models)",
+    "sampling_defaults": "sglang_service_sampling_defaults",
+    "context_length": "sglang_service_context_length",
 }
 
 # Fractions of something (GPU memory, a token pool): SGLang takes any float, and fails, or runs out of memory,
@@ -140,11 +144,16 @@ def extra_flag_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
             continue
         if value is None or value is False:
             continue  # left out of the command line (profiles.sglang_args)
-        kind, kind_type, choices, _options = ARGUMENTS[name]
-        problem = _value_problem(name, kind, kind_type, choices, value)
+        problem = value_problem(name, value)
         if problem:
             problems.append(f"{where}: {problem}")
     return problems
+
+
+def value_problem(name: str, value: Any) -> str | None:
+    """The problem of one value for SGLang's argument ``name`` (its type, choices and moefleet's bounds), or None."""
+    kind, kind_type, choices, _options = ARGUMENTS[name]
+    return _value_problem(name, kind, kind_type, choices, value)
 
 
 def _unknown(where: str, key: str) -> str:

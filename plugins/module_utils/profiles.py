@@ -18,11 +18,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.moefleet.serving.plugins.module_utils import planner, playbook_inputs
+from ansible_collections.moefleet.serving.plugins.module_utils import planner, playbook_inputs, serving_model
 from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (
     FLAG_BOUNDS,
     OTHER_INT_BOUNDS,
     extra_flag_problems,
+    value_problem,
 )
 
 
@@ -409,7 +410,32 @@ def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, An
     _, problem = whole_number("sglang_service_port", inputs.get("sglang_service_port", 30000), 1, 65535, host)
     if problem:
         problems.append(problem)
+    problems.extend(served_model_problems(host, inputs))
     problems.extend(model_source_problems(host, inputs))
+    return problems
+
+
+def served_model_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
+    """The served model's flags (serving_model.model_flags): its entry exists and each value is one SGLang takes.
+    Judged when the inputs carry the role's table (playbooks/validate.yml passes the sglang_service defaults)."""
+    if "sglang_service_models" not in inputs:
+        return []
+    try:
+        flags = serving_model.model_flags(
+            inputs.get("sglang_service_models") or {}, inputs.get("sglang_service_model", ""),
+            inputs.get("sglang_service_tool_call_parser", serving_model.AUTO),
+            inputs.get("sglang_service_reasoning_parser", serving_model.AUTO))
+    except (serving_model.ServingModelError, TypeError, ValueError) as exc:
+        return [f"{host}: {exc}"]
+    variable = {"tool_call_parser": "sglang_service_tool_call_parser",
+                "reasoning_parser": "sglang_service_reasoning_parser"}
+    problems = []
+    for flag, value in flags.items():
+        problem = value_problem(flag, value)
+        if problem:
+            source = (f"the entry {inputs.get('sglang_service_model')!r} of sglang_service_models"
+                      if inputs.get(variable[flag], serving_model.AUTO) == serving_model.AUTO else variable[flag])
+            problems.append(f"{host}: {variable[flag]} (from {source}): {problem}")
     return problems
 
 

@@ -14,6 +14,13 @@ of requests, the output the list of answers, in order:
   model-config classes, parallel sizes) is SGLang's. Answer: ``{"ok": true, "server_args": {field: value}}`` (all of
   ``dataclasses.asdict``, JSON-safe) or ``{"ok": false, "error": "Type: message"}``.
 
+- ``{"op": "chat", "request": {...}, "text": raw, "finish_reason": {...}, "reasoning_parser": name or null,
+  "tool_call_parser": name or null}``: what ``serving_chat`` makes of a model's raw ``text`` for the chat ``request``
+  (validated as SGLang's ``ChatCompletionRequest``), non-streaming: its reasoning parser (``ReasoningParser``), then
+  its tool-call processing (``_process_tool_calls``, ``_process_tool_call_id``, ``_get_history_tool_calls_cnt`` and
+  ``_get_reasoning_from_request``, taken from ``serving_chat.py``'s source, since importing that module needs
+  fastapi). Answer: ``{"message": {"content", "reasoning_content", "tool_calls"}, "finish_reason": type}``.
+
 Only GPU probing is replaced (``gpu.py``): nothing else of SGLang is touched.
 """
 
@@ -22,12 +29,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import logging
 import os
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -137,6 +146,59 @@ def arguments() -> dict:
     return out
 
 
+SERVING_CHAT_METHODS = ("_process_tool_calls", "_process_tool_call_id", "_get_history_tool_calls_cnt",
+                        "_get_reasoning_from_request")
+
+
+@functools.cache
+def _serving_chat() -> dict:
+    """serving_chat.OpenAIServingChat's methods above, compiled from the wheel's source into a namespace that holds
+    what they use (the module itself imports fastapi, which the oracle venv does not install)."""
+    import ast
+    import importlib.util
+    import uuid
+
+    import orjson
+    from sglang.srt.entrypoints.openai import protocol
+    from sglang.srt.function_call.core_types import ToolCallItem
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    path = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt" / "entrypoints" / \
+        "openai" / "serving_chat.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "OpenAIServingChat")
+    methods = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in SERVING_CHAT_METHODS]
+    namespace = {**vars(protocol), "ToolCallItem": ToolCallItem, "FunctionCallParser": FunctionCallParser,
+                 "orjson": orjson, "json": json, "uuid": uuid, "logger": logging.getLogger("serving_chat")}
+    exec(compile(ast.Module(body=methods, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
+    return {name: namespace[name] for name in SERVING_CHAT_METHODS}
+
+
+def chat(request: dict) -> dict:
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    methods = _serving_chat()
+    self = types.SimpleNamespace(reasoning_parser=request.get("reasoning_parser"),
+                                 tool_call_parser=request.get("tool_call_parser"))
+    req = ChatCompletionRequest(**request["request"])
+    text, finish = request["text"], dict(request["finish_reason"])
+    reasoning = None
+    # _build_chat_response: the reasoning first (the template's own forcing is not modelled: K2.6's is off)
+    if self.reasoning_parser and req.separate_reasoning:
+        forced = methods["_get_reasoning_from_request"](self, req)
+        parser = ReasoningParser(model_type=self.reasoning_parser, stream_reasoning=False, force_reasoning=forced)
+        reasoning, text = parser.parse_non_stream(text)
+    calls = None
+    if req.tool_choice != "none" and req.tools and self.tool_call_parser:
+        history = methods["_get_history_tool_calls_cnt"](self, req)
+        self._process_tool_call_id = lambda item, count: methods["_process_tool_call_id"](self, item, count)
+        calls, text, finish = methods["_process_tool_calls"](self, text, req.tools, finish, req.tool_choice, history)
+    return {"message": {"content": text or None, "reasoning_content": reasoning or None,
+                        "tool_calls": [c.model_dump() for c in calls] if calls else None},
+            "finish_reason": finish["type"]}
+
+
 def answer(request: dict) -> dict:
     if request.get("op") == "arguments":
         return arguments()
@@ -144,7 +206,9 @@ def answer(request: dict) -> dict:
         return parse(list(request["argv"]))
     if request.get("op") == "server_args":
         return server_args(list(request["argv"]), request["model_config"])
-    return {"ok": False, "error": f"unknown op {request.get('op')!r}; use parse, arguments or server_args"}
+    if request.get("op") == "chat":
+        return chat(request)
+    return {"ok": False, "error": f"unknown op {request.get('op')!r}; use parse, arguments, server_args or chat"}
 
 
 def main() -> None:

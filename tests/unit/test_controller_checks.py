@@ -106,7 +106,7 @@ def test_types_and_booleans_are_left_to_the_argument_specs():
 
 
 def test_huge_extra_flags_are_refused_naming_the_host():
-    assert _host({"sglang_service_extra_flags": {"max_total_tokens": 10**20, "tool_call_parser": "kimi_k2"}}) == [
+    assert _host({"sglang_service_extra_flags": {"max_total_tokens": 10**20, "trust_remote_code": True}}) == [
         "gpu-1: sglang_service_extra_flags/max_total_tokens: 100000000000000000000 is out of range; "
         "give max_total_tokens a whole number from -1 to 2147483647."
     ]

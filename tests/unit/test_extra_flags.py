@@ -46,9 +46,10 @@ def problems(flags: dict) -> list[str]:
     ({"max_running_requests": 0}, "0 is out of range; give max_running_requests a whole number from 1 to 65536."),
     ({"max_running_requests": 1.5}, "1.5 is not a whole number"),
     ({"max_running_requests": True}, "max_running_requests takes a whole number, not true."),
-    ({"context_length": "128x"}, "'128x' is not a whole number"),
+    ({"max_prefill_tokens": "128x"}, "'128x' is not a whole number"),
     ({"cuda_graph_bs": [1, "two"]}, "'two' is not a whole number"),
-    ({"tool_call_parser": "kimi-k2"}, "'kimi-k2' is not one SGLang 0.5.10 takes for tool_call_parser"),
+    ({"tool_call_parser": "kimi_k2"}, "tool_call_parser is set by the role; set sglang_service_tool_call_parser"),
+    ({"context_length": 131072}, "context_length is set by the role; set sglang_service_context_length instead."),
     ({"watchdog_timeout": float("inf")}, "is not a number SGLang can take"),
 ])
 def test_a_flag_sglang_would_refuse_or_that_breaks_the_layout_is_refused(flags, sentence):
@@ -58,9 +59,9 @@ def test_a_flag_sglang_would_refuse_or_that_breaks_the_layout_is_refused(flags, 
 
 
 @pytest.mark.parametrize("flags", [
-    EXAMPLE["sglang_service_extra_flags"],  # the example inventory's: trust_remote_code, the Kimi parsers
-    {"mem_fraction_static": 0.85, "context_length": 131072, "kv_cache_dtype": "fp8_e4m3"},
-    {"context_length": "128k", "max_total_tokens": "1Mi"},  # SGLang's human_readable_int
+    EXAMPLE["sglang_service_extra_flags"],  # the example inventory's: trust_remote_code
+    {"mem_fraction_static": 0.85, "max_prefill_tokens": 16384, "kv_cache_dtype": "fp8_e4m3"},
+    {"max_prefill_tokens": "16k", "max_total_tokens": "1Mi"},  # SGLang's human_readable_int
     {"cuda_graph_bs": [1, 2, 4, 8], "enable_metrics": True, "enable_metrics_for_all_schedulers": False},
     {"json_model_override_args": {"rope_scaling": {"factor": 2}}, "chunked_prefill_size": -1},
     {"disable_cuda_graph": None, "attention_backend": "flashinfer", "watchdog_timeout": 600},

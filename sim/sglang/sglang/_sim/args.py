@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prefill-attention-backend", type=str)
     a("--decode-attention-backend", type=str)
     a("--sampling-backend", type=str)
+    a("--sampling-defaults", type=str, choices=["openai", "model"], default="model")
     a("--grammar-backend", type=str)
     a("--mm-attention-backend", type=str)
     a("--expert-parallel-size", "--ep-size", "--ep", type=int, default=1, dest="ep_size")
@@ -186,5 +187,5 @@ SERVER_INFO_FIELDS = [
     "max_running_requests", "max_total_tokens", "kv_cache_dtype", "quantization", "dtype", "trust_remote_code",
     "tool_call_parser", "reasoning_parser", "enable_metrics", "watchdog_timeout", "log_level", "page_size",
     "moe_a2a_backend", "attention_backend", "random_seed", "base_gpu_id", "nnodes", "node_rank",
-    "disable_custom_all_reduce", "load_format", "stream_interval",
+    "disable_custom_all_reduce", "load_format", "stream_interval", "sampling_defaults",
 ]

@@ -6,7 +6,10 @@ ServerArgs fields or as flags: "tp_size", "tp-size", "--tp-size"); without "flag
 start. Other keys ("profile", comments) are ignored. Optional "gpus": [ids] restricts the OOM faults to those
 GPUs and places the stale process; optional "mib" sizes the stale process's memory on each of its GPUs;
 "after_requests" (oom_runtime, default 0) is how many client requests the server answers before the next one
-runs out of memory in the forward pass.
+runs out of memory in the forward pass. "garbage": the server starts and serves, but every answer is a run of "!"
+(what NaN logits decode to; FACTS: NVFP4 and Marlin-MoE kernels on sm_120). "parser_missing": the server reports
+its --tool-call-parser and --reasoning-parser but answers with the model's raw tokens, as one whose parsers did not
+apply.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from .clock import Clock
 from .logs import line
 
 FAULTS = ("oom_weight_load", "oom_kv_cache", "oom_cuda_graph", "crash", "hang", "stale_gpu_process",
-          "port_in_use", "oom_runtime")
+          "port_in_use", "oom_runtime", "garbage", "parser_missing")
 
 
 def _norm(key: str) -> str:

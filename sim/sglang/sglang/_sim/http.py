@@ -13,6 +13,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from . import chat as C
 from . import throughput as T
 from .clock import WALL_PER_SIM, Clock
 from .logs import emit, line
@@ -58,6 +59,9 @@ class State:
         # what makes the scheduler rank fail (set by the server); None: no runtime OOM
         self.runtime_oom_after: int | None = None
         self.runtime_oom = None
+        # faults garbage and parser_missing (faults.py): what chat answers carry (chat.py)
+        self.garbage = False
+        self.parsers_apply = True
         # Set on SIGTERM (server.py): like TokenizerManager's graceful exit, /health answers 503 while the
         # requests finish; new requests are still taken (SGLang 0.5.10 refuses none: only its health turns).
         self.draining = False
@@ -341,10 +345,16 @@ class Handler(BaseHTTPRequestHandler):
             self._sse_end()
             return
         words, finish, ptoks, _, _ = self._run(prompt, max_tokens, ignore_eos=ignore_eos)
+        if st.cfg.architecture.startswith("KimiK2"):  # the model's own tokens, through the server's parsers
+            text, finish = C.raw(body, words, finish, _content_text, garbage=st.garbage)
+            parsers = (st.args.reasoning_parser, st.args.tool_call_parser) if st.parsers_apply else (None, None)
+            message, finish = C.message(text, body, finish, *parsers)
+        else:
+            message = {"role": "assistant", "content": "!" * len(words) if st.garbage else " ".join(words),
+                       "reasoning_content": None, "tool_calls": None}
         self._send(200, {
             "id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words),
-                                                 "reasoning_content": None, "tool_calls": None},
+            "choices": [{"index": 0, "message": message,
                          "logprobs": None, "finish_reason": finish, "matched_stop": 163586 if finish == "stop"
                          else None}],
             "usage": _usage(ptoks, len(words)),

@@ -272,6 +272,8 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
     tp0 = next(rp.rank for rp in plan.ranks if rp.rank.tp_rank == 0 and rp.rank.pp_rank == 0)
     state = State(args, plan, cfg, clock, tp0.log_prefix)
     state.runtime_oom_after = F.runtime_oom_after(faults)
+    state.garbage = any(f["fault"] == "garbage" for f in faults)
+    state.parsers_apply = not any(f["fault"] == "parser_missing" for f in faults)
     tp0_proc = CHILDREN[plan.ranks.index(next(rp for rp in plan.ranks if rp.rank is tp0))]
     state.runtime_oom = lambda: tp0_proc.send_signal(signal.SIGUSR1)  # rank.py: OOM in the forward pass
     _SERVING.append(state)

@@ -1,0 +1,130 @@
+"""What the simulated Kimi K2.6 writes for a chat request, and what SGLang's chat endpoint makes of it.
+
+The model's raw text uses K2's tokens (docs/kimi-k2-parsers.md): thinking as ``<think>…</think>`` first (on unless
+the request sends ``chat_template_kwargs: {"thinking": false}``), then the answer, or a tool-call section
+``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{JSON}<|tool_call_end|>
+<|tool_calls_section_end|>`` when the request offers tools. ``message`` is serving_chat's non-streaming answer: with
+``--reasoning-parser kimi_k2`` the thinking is split into ``reasoning_content`` (forced unless the request turns
+thinking off: a text without ``</think>`` is all reasoning), with ``--tool-call-parser kimi_k2`` and tools in the
+request the section becomes ``tool_calls`` (id ``functions.NAME:N``, N = earlier calls in the conversation + IDX) and
+``finish_reason`` ``stop`` becomes ``tool_calls``. Without a parser the tokens stay in ``content``, as a server
+started without them answers. tests/oracle runs SGLang 0.5.10's own parsers on ``raw`` and compares.
+
+The simulated model answers a sum it is asked (``What is 17 + 25?``) with the number, so a known-answer check can
+tell it from a broken one; the ``garbage`` fault makes every answer a run of ``!`` (what NaN logits decode to).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+THINK_START, THINK_END = "<think>", "</think>"
+SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+# serving_chat / KimiK2Detector: a call's id, and the arguments up to the call's end (nested objects survive)
+_CALL = re.compile(re.escape(CALL_BEGIN) + r"\s*([\w.\-]+:\d+)\s*" + re.escape(ARGUMENT_BEGIN) + r"\s*(\{.*?\})\s*"
+                   + re.escape(CALL_END), re.S)
+_CALL_ID = re.compile(r"^(?:functions\.)?([\w.\-]+):(\d+)$")
+_SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
+SAMPLE = {"string": "Paris", "integer": 3, "number": 2.5, "boolean": True, "array": [], "object": {}}
+
+
+def thinking_on(body: dict) -> bool:
+    """K2.6's chat template thinks unless chat_template_kwargs says thinking: false."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    return kwargs.get("thinking") is not False
+
+
+def _offered_tools(body: dict) -> list[dict]:
+    if body.get("tool_choice") == "none":
+        return []
+    return [t.get("function") or {} for t in body.get("tools") or [] if isinstance(t, dict)]
+
+
+def _earlier_calls(body: dict) -> int:
+    return sum(len(m.get("tool_calls") or []) for m in body.get("messages") or []
+               if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def _arguments(schema: dict) -> dict:
+    props = (schema or {}).get("properties") or {}
+    wanted = (schema or {}).get("required") or list(props)
+    return {name: SAMPLE.get((props.get(name) or {}).get("type"), "Paris") for name in wanted}
+
+
+def _last_user_text(body: dict, text_of) -> str:
+    for m in reversed(body.get("messages") or []):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return text_of(m.get("content"))
+    return ""
+
+
+def raw(body: dict, words: list[str], finish: str, text_of, garbage: bool = False) -> tuple[str, str]:
+    """The model's decoded output for the request and its finish reason: ``words`` are the tokens the server decoded
+    for it, ``finish`` why the decoding stopped (``length``: max_tokens)."""
+    if garbage:
+        return "!" * max(8, len(words)), finish
+    think = thinking_on(body)
+    last = body.get("messages", [{}])[-1] if body.get("messages") else {}
+    tools = _offered_tools(body)
+    asked = _SUM.search(_last_user_text(body, text_of))
+    if asked and not think and not tools:  # a short answer: it ends long before max_tokens
+        return str(int(asked.group(1)) + int(asked.group(2))), "stop"
+    # Thinking takes the first half of the tokens; a reply cut by max_tokens never closed it.
+    half = len(words) // 2 if think else 0
+    reasoning = " ".join(words[:half])
+    if finish == "length":
+        return ((THINK_START + reasoning + " " + " ".join(words[half:])) if think else " ".join(words)), finish
+    head = (THINK_START + reasoning + THINK_END) if think else ""
+    if tools and isinstance(last, dict) and last.get("role") == "user":
+        tool = tools[0]
+        chosen = body.get("tool_choice")
+        if isinstance(chosen, dict) and (chosen.get("function") or {}).get("name"):
+            tool = next((t for t in tools if t.get("name") == chosen["function"]["name"]), tool)
+        args = json.dumps(_arguments(tool.get("parameters") or {}), ensure_ascii=False)
+        # The model numbers the calls of the whole conversation itself.
+        name = tool.get("name", "tool")
+        call = f"{CALL_BEGIN}functions.{name}:{_earlier_calls(body)}{ARGUMENT_BEGIN}{args}{CALL_END}"
+        return head + SECTION_BEGIN + call + SECTION_END, finish
+    answer = str(int(asked.group(1)) + int(asked.group(2))) if asked else " ".join(words[half:])
+    return head + answer, finish
+
+
+def message(text: str, body: dict, finish: str, reasoning_parser: str | None,
+            tool_call_parser: str | None) -> tuple[dict, str]:
+    """serving_chat's non-streaming message for the raw ``text``, and the finish reason."""
+    reasoning = None
+    if reasoning_parser == "kimi_k2" and body.get("separate_reasoning", True):
+        forced = not body.get("chat_template_kwargs") or thinking_on(body)
+        reasoning, text = _split_reasoning(text, forced)
+    calls = None
+    if tool_call_parser == "kimi_k2" and body.get("tools") and body.get("tool_choice") != "none" \
+            and SECTION_BEGIN in text:
+        if finish == "stop":
+            finish = "tool_calls"
+        found = []
+        for call_id, args in _CALL.findall(text):
+            m = _CALL_ID.match(call_id)
+            if m:
+                found.append((m.group(1), int(m.group(2)), args))
+        if found:
+            earlier = _earlier_calls(body)
+            calls = [{"id": f"functions.{name}:{earlier + idx}", "index": idx, "type": "function",
+                      "function": {"name": name, "arguments": args}} for name, idx, args in found]
+            text = text[:text.find(SECTION_BEGIN)]
+    return {"role": "assistant", "content": text or None, "reasoning_content": reasoning or None,
+            "tool_calls": calls}, finish
+
+
+def _split_reasoning(text: str, forced: bool) -> tuple[str | None, str]:
+    if not forced and THINK_START not in text:
+        return None, text
+    body = text.replace(THINK_START, "").strip()
+    if THINK_END not in body:
+        if SECTION_BEGIN in body:  # a tool section ends the thinking without </think>
+            at = body.find(SECTION_BEGIN)
+            return body[:at].strip(), body[at:]
+        return body, ""  # cut before </think>: all of it is reasoning
+    reasoning, _, rest = body.partition(THINK_END)
+    return reasoning, rest.strip()
