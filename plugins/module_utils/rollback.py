@@ -16,6 +16,8 @@ fallback ladder and the attempts made so far (each with its outcome), ``next_ste
   where SGLang's custom all-reduce would still use P2P (a TP or MoE group of two GPUs), then move down;
 - any other crash (NCCL error, port in use, bad weights, driver, a GPU fault, args mismatch): not a layout
   problem; restore the last unit that served, no ladder;
+- wrong answers (``wrong_output``: the correctness gate, answer_check.py, failed on a server that serves): treated as
+  a crash of that layout, restore the last unit that served;
 - GPUs CUDA cannot use (``gpu_unavailable``: device nodes missing or closed to the unit, no driver loaded, driver
   and libraries of different versions, a lost GPU): no layout, smaller or not, starts on such a host, so no
   fallback and no retune either; the last unit that served is restored, and its start fails the same way until the
@@ -179,6 +181,10 @@ def next_step(
         what = f"{name} {'ran out of memory' if state == 'oom' else 'hung'}" + (f" ({phase})" if phase else "")
         return _down_the_ladder(ladder, attempts, catalog, what)
     cause = outcome.get("cause") or state or "an unknown failure"
+    if state == "wrong_output":
+        return {"action": "restore",
+                "reason": f"{name} started but answers wrongly (check {cause} failed), which no retune of the "
+                          "layout is known to fix; restoring the last unit that served."}
     if cause == "gpu_unavailable":
         return {"action": "restore",
                 "reason": f"{name} could not use the host's GPUs (gpu_unavailable), which no layout or retune fixes; "

@@ -1,9 +1,10 @@
 """moefleet rollout and moefleet status on a two-host lab: a clean rollout, then one whose canary runs out of
-memory, which stops before the second host. The tests run in file order: the second starts where the first
-left the lab.
+memory, which stops before the second host, then one whose canary answers garbage (the correctness gate), which is
+restored and stops there too. The tests run in file order: each starts where the one before left the lab.
 
 Cost (a fresh-clone make test, beside two other jobs): the clean rollout (--serve-only) on the installed base 169 s
-(the lab's start 171 s, the installed-base image built in it), the canary OOM 83 s.
+(the lab's start 171 s, the installed-base image built in it), the canary OOM 83 s, the garbage canary about 40 s
+(measured alone: one serve-only start of pp8, the gate, the restore).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 REPORT_SCHEMA = json.loads((SCHEMAS / "rollout_report.schema.json").read_text())
 STATUS_SCHEMA = json.loads((SCHEMAS / "status.schema.json").read_text())
 OOM_ON_EP8 = json.dumps({"sim_faults": [{"fault": "oom_weight_load", "profile": "ep8"}]})
+GARBAGE_ON_PP8 = json.dumps({"sim_faults": [{"fault": "garbage", "profile": "pp8"}]})
 
 
 def moefleet(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
@@ -92,3 +94,28 @@ def test_canary_oom_stops_the_rollout_before_the_second_host(lab_inventory, tmp_
     assert hosts["itest-1"]["serving_profile"] == rows["itest-1"]["serving_profile"]
     assert hosts["itest-1"]["last_rollback"]["from"] == "ep8"
     assert (hosts["itest-2"]["serving_profile"], hosts["itest-2"]["health"]) == ("tp8", "serving")
+
+
+def test_a_canary_that_answers_garbage_is_restored_and_the_rollout_stops_there(lab_inventory, tmp_path, capsys):
+    """pp8 starts and serves on the canary but answers runs of '!' (NaN logits): the correctness gate fails it, the
+    canary goes back to the unit it served before, and the second host is never touched."""
+    before = status_of(capsys, lab_inventory)["itest-1"]["serving_profile"]
+    report = tmp_path / "garbage"
+    code, out = moefleet(
+        capsys, "rollout", "-i", str(lab_inventory), "-e", "profile=pp8", "-e", "confirm=yes",
+        "-e", GARBAGE_ON_PP8, "--serve-only", "--report", str(report),
+    )  # fmt: skip
+    assert code == 1, out
+    assert "itest-2          loading" not in out
+    data = json.loads(report.with_suffix(".json").read_text())
+    jsonschema.validate(data, REPORT_SCHEMA)
+    assert data["result"] == "stopped"
+    rows = {h["host"]: h for h in data["hosts"]}
+    assert (rows["itest-1"]["outcome"], rows["itest-1"]["serving_profile"]) == ("restored", before)
+    assert rows["itest-2"]["outcome"] == "untouched"
+    # the report names the failed check and quotes the bad output
+    markdown = " ".join(report.with_suffix(".md").read_text().split())
+    assert "check thinking failed" in markdown and "'!!!!!!!!" in markdown, markdown[-3000:]
+    hosts = status_of(capsys, lab_inventory)
+    assert (hosts["itest-1"]["serving_profile"], hosts["itest-1"]["health"]) == (before, "serving")
+

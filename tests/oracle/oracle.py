@@ -130,7 +130,9 @@ def _free_port() -> int:
 
 def run_simulator(args: list[str], timeout: float = 60.0) -> dict:
     """Start sim/sglang with ``args`` on a simulated 8-GPU host; return what it printed in ``server_args=``
-    (as text) and, once it serves, ``/server_info``; the server is stopped before returning."""
+    (as text) and, once it serves, ``/server_info`` and the correctness gate's findings on its answers (``answers``:
+    check -> problem or None, plugins/module_utils/answer_check.py, with the parsers it reports running); the server
+    is stopped before returning."""
     with tempfile.TemporaryDirectory(prefix="oracle-sim-") as tmp:
         root = Path(tmp)
         (root / "gpus.json").write_text(json.dumps({"count": GPUS}))
@@ -158,7 +160,7 @@ def run_simulator(args: list[str], timeout: float = 60.0) -> dict:
         with open(log, "wb") as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=environ, cwd=tmp,
                                     start_new_session=True)
-        info = None
+        info, answers = None, None
         try:
             end = time.monotonic() + timeout
             while time.monotonic() < end and proc.poll() is None:
@@ -168,6 +170,8 @@ def run_simulator(args: list[str], timeout: float = 60.0) -> dict:
                         break
                 except OSError:
                     time.sleep(0.1)
+            if info is not None:
+                answers = _gate(f"http://127.0.0.1:{port}", info)
         finally:
             sys.path.insert(0, str(ROOT / "tests"))
             from simproc import kill_group
@@ -175,7 +179,19 @@ def run_simulator(args: list[str], timeout: float = 60.0) -> dict:
             kill_group(proc)
         text = log.read_text(errors="replace")
     match = re.search(r"server_args=(ServerArgs\(.*\))", text)
-    return {"server_args_line": match.group(1) if match else None, "server_info": info, "log": text[-3000:]}
+    return {"server_args_line": match.group(1) if match else None, "server_info": info, "answers": answers,
+            "log": text[-3000:]}
+
+
+def _gate(url: str, info: dict) -> dict:
+    from ansible_collections.moefleet.serving.plugins.module_utils import answer_check
+
+    found = {}
+    for check, body in answer_check.requests(info.get("served_model_name") or "model",
+                                             bool(info.get("reasoning_parser")), bool(info.get("tool_call_parser"))):
+        _, answer, why = answer_check.ask(url, body, None, 30)
+        found[check] = answer_check.judge(check, answer) if answer is not None else f"no answer ({why})"
+    return found
 
 
 def parse_server_args_line(line: str) -> dict:

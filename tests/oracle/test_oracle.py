@@ -6,7 +6,7 @@ import functools
 
 import oracle
 import pytest
-from ansible_collections.moefleet.serving.plugins.module_utils import planner, rollback
+from ansible_collections.moefleet.serving.plugins.module_utils import answer_check, planner, rollback
 
 PROFILES = oracle.catalog()["profiles"]
 TOLERANCE = 0.002
@@ -111,14 +111,23 @@ PARSER_CASES = [
 def test_the_controller_refuses_exactly_what_sglangs_parser_refuses():
     from ansible_collections.moefleet.serving.plugins.module_utils import profiles  # noqa: PLC0415
     from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (  # noqa: PLC0415
+        OWNED,
         extra_flag_problems,
+        value_problem,
     )
+
+    def ours(flags: dict) -> list[str]:
+        """The controller's judgement of the values: a flag a role variable owns (the parsers, the context length)
+        is refused in sglang_service_extra_flags for that reason, and its value judged where the variable is
+        (profiles.served_model_problems, through the same value_problem)."""
+        found = [p for p in extra_flag_problems("sglang_service_extra_flags", flags) if "is set by the role" not in p]
+        return found + [p for k, v in flags.items() if k in OWNED and (p := value_problem(k, v))]
 
     argvs = [["--model-path", "/m", *profiles.sglang_args({"flags": flags})] for flags in PARSER_CASES]
     answers = oracle.ask([{"op": "parse", "argv": argv} for argv in argvs])
-    disagree = [(argv, real["error"], ours) for argv, real, ours in zip(
-        argvs, answers, (extra_flag_problems("sglang_service_extra_flags", f) for f in PARSER_CASES), strict=True)
-        if real["accepted"] != (ours == [])]
+    disagree = [(argv, real["error"], found) for argv, real, found in zip(
+        argvs, answers, (ours(f) for f in PARSER_CASES), strict=True)
+        if real["accepted"] != (found == [])]
     assert not disagree, disagree
     assert sum(not a["accepted"] for a in answers) >= 6, "the cases include flags SGLang refuses"
 
@@ -196,3 +205,6 @@ def test_simulator_server_args_are_sglangs(profile):
     if sim["server_info"] is not None:
         problems += _differences(real, sim["server_info"], "/server_info")
     assert not problems, f"{profile}:\n" + "\n".join(problems)
+    # served with the role's defaults (Kimi K2.6's parsers), every check of the correctness gate passes
+    assert (real["tool_call_parser"], real["reasoning_parser"]) == ("kimi_k2", "kimi_k2")
+    assert sim["answers"] == {check: None for check in answer_check.CHECKS}, sim["answers"]

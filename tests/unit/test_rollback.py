@@ -251,6 +251,16 @@ def test_any_other_crash_restores_without_the_ladder(cause):
     )
 
 
+@pytest.mark.parametrize("check", ["thinking", "tool_call", "known_answer"])
+def test_wrong_answers_restore_the_last_unit_without_the_ladder_naming_the_check(check):
+    outcome = {"state": "wrong_output", "phase": "serving", "cause": check}
+    step = next_step(ladder("tp4ep2"), [failed(start("tp4ep2"), outcome)], CATALOG)
+    assert step["action"] == "restore" and "attempt" not in step
+    assert step["reason"] == (f"tp4ep2 started but answers wrongly (check {check} failed), which no retune of the "
+                              "layout is known to fix; restoring the last unit that served.")
+    assert summarize("tp4ep2", [failed(start("tp4ep2"), outcome)], restored="tp8")["outcome"] == "restored"
+
+
 @pytest.mark.parametrize("phase", ["launch", "nccl_init", "weight_load"])
 def test_gpus_unavailable_restore_without_fallback_or_retune_and_say_the_restore_needs_the_gpus(phase):
     """A host whose GPUs CUDA cannot open: no smaller layout starts there, and the restore fails the same way

@@ -1,6 +1,7 @@
 """Start-up faults on a lab host, one deploy each, in order (each starts from where the last one left the host):
 the fallback ladder after a weight-load OOM, the retunes after KV-pool and CUDA-graph OOMs, a hang retried with
-P2P off, a crash restored to the last unit that served, a busy port; then the unit's exposure score and its
+P2P off, a crash restored to the last unit that served, wrong answers (the correctness gate) restored too, a
+busy port; then the unit's exposure score and its
 backups. The leftovers, runtime OOMs, interrupted installs and failures inside the rollback are
 molecule/recovery's: the two scenarios run side by side on hosts of their own (tests/fault_deploys.py deploys).
 
@@ -78,6 +79,19 @@ def test_crash_restores_the_last_unit_that_served(host):
     f = facts(host)
     assert (f["asked_profile"], f["outcome"], f["serving_profile"]) == ("tp8", "restored", "ep8")
     assert f["history"][-1]["outcome"] == "crashed"
+    assert serving_args(host)["ep_size"] == 8
+
+
+def test_wrong_answers_restore_the_last_unit_that_served_quoting_them(host):
+    # It starts, passes /health, /v1/models and the flag check: only the correctness gate sees NaN-like output.
+    rc, out, _ = deploy("profile=tp8", faults(("garbage", "tp8")))
+    assert rc != 0, "a start that answers garbage must fail the play"
+    text = " ".join(out.split())
+    assert "tp8 started but answers wrongly (check thinking failed)" in text, text[-3000:]
+    assert "content is garbage, a run of '!' (what NaN logits decode to)" in text and "'!!!!!!!!" in text
+    f = facts(host)
+    assert (f["asked_profile"], f["outcome"], f["serving_profile"]) == ("tp8", "restored", "ep8")
+    assert (f["history"][-1]["outcome"], f["history"][-1]["phase"]) == ("wrong_output", "serving")
     assert serving_args(host)["ep_size"] == 8
 
 

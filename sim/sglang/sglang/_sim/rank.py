@@ -75,13 +75,12 @@ def host_step(message: str, job: dict) -> None:
 
 def fail(clock: Clock, prefix: str, parent: int, text: str) -> None:
     line(clock, prefix, "Scheduler hit an exception: " + text)
-    # SGLang's scheduler sends one SIGQUIT and waits to be killed. Here it is sent again every 2 s until the
-    # parent kills this rank (its handler ignores repeats): CI saw, about once in 40 runs, a server whose main
-    # thread never ran the handler for the first one (cause not found); nothing of it reaches the log.
+    # SGLang's scheduler sends one SIGQUIT and waits to be killed (the server's handler takes the first of several
+    # ranks' signals without blocking: server.claim_death).
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(parent, signal.SIGQUIT)
     while True:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(parent, signal.SIGQUIT)
-        time.sleep(2)
+        time.sleep(3600)
 
 
 def runtime_oom_text(gpu: int, used: int) -> str:

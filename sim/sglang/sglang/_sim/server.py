@@ -31,6 +31,21 @@ from .plan import T_WARMUP, build_plan, default_mem_settings
 
 CHILDREN: list[subprocess.Popen] = []
 _DYING = threading.Event()
+_DEATH_CLAIMED = threading.Lock()
+
+
+def claim_death() -> bool:
+    """True for the first caller only, and never waits. The server's death is claimed from signal handlers, and
+    Python runs a handler in the main thread between any two bytecodes, also inside the handler itself: when all
+    ranks fail together, their SIGQUITs arrive one after the other, and a second on_sigquit ran inside the first
+    one's _DYING.set(), after it had taken the Event's lock and before it set the flag; is_set() said no, and its
+    own set() then waited for that lock forever (the main thread in a futex wait, no 'Received sigquit' line: CI
+    saw it about once in 40 starts; a stress run of the fault tests with all ranks failing, 2 in 70). A lock taken
+    without blocking cannot deadlock its own holder."""
+    if not _DEATH_CLAIMED.acquire(blocking=False):
+        return False
+    _DYING.set()
+    return True
 # The HTTP server's state once it serves (serve() sets it): SIGTERM drains it before the tree goes down.
 _SERVING: list[State] = []
 # TokenizerManager.sigterm_watchdog's period: it looks for the SIGTERM flag, then for requests left, every 5 s.
@@ -149,9 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     plan = build_plan(args, cfg, spec, dict(os.environ), faults, visible, exclude_pids=set())
 
     def on_sigquit(*_):
-        if _DYING.is_set():  # the first caller logs and kills the tree
+        if not claim_death():  # the first caller logs and kills the tree
             return
-        _DYING.set()
         fails = [e[0] for rp in plan.ranks for e in rp.events if e[1] == "fail"]
         clock.logical = (min(fails) if fails else clock.sim_now()) + 0.1
         line(clock, "", "Received sigquit from a child process. It usually means the child failed.")
@@ -163,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         serving = bool(_SERVING) and not _DYING.is_set()
         if serving:
             drain(_SERVING[0], clock)
-        _DYING.set()
+        claim_death()
         for p in CHILDREN:
             G.remove_state(p.pid)
         if serving:  # sigterm_watchdog's end: kill_process_tree(os.getpid(), include_parent=True)
@@ -260,8 +274,7 @@ def _watch_children(clock: Clock) -> None:
     """TokenizerManager's watchdog: a scheduler that disappears takes the server down."""
     while not _DYING.is_set():
         for i, p in enumerate(CHILDREN):
-            if p.poll() is not None and not _DYING.is_set():
-                _DYING.set()
+            if p.poll() is not None and claim_death():
                 clock.logical = None
                 line(clock, "", f"Rank {i} scheduler is dead. Please check if there are relevant logs.")
                 kill_process_tree(include_parent=True)
@@ -295,7 +308,7 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
              f"('{args.host}', {args.port}): {reason}")
         emit("INFO:     Waiting for application shutdown.")
         emit("INFO:     Application shutdown complete.")
-        _DYING.set()
+        claim_death()
         kill_process_tree(include_parent=False)  # launch_server's finally: kill_process_tree(include_parent=False)
         sys.exit(1)
     start_helper_thread(srv.serve_forever)
