@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "host, the profile serving, the one asked for, the outcome (ready: serves what it was asked; "
             "degraded: a fallback serves; restored: the last unit that served runs instead; failed: the last "
             "run left nothing serving; down: not serving now; unknown: unreachable or no moefleet facts), "
-            "health (serving, starting, down, unreachable), with routers its state in them (ready, draining, "
+            "health (serving, starting, down, unreachable; with --probe wrong_output: it serves but fails the "
+            "correctness gate), with routers its state in them (ready, draining, "
             "out, unroutable: listed under another model, unknown), "
             "the last rollback and failures while serving, then one line saying how many hosts "
             "serve what they were asked and what the others do. Times are UTC. --json prints the document "
@@ -38,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_target_arguments(parser, "only these hosts (Ansible's --limit pattern)")
     parser.add_argument("--json", action="store_true", help="print the JSON document instead of a table")
+    parser.add_argument("--probe", action="store_true",
+                        help="also check what clients get from each serving host (the correctness gate: a thinking "
+                             "and an instant chat, a tool call, a known answer, no garbage); a host that answers "
+                             "wrongly has the health wrong_output and exits 1")
     parser.set_defaults(func=run)
 
 
@@ -69,7 +74,7 @@ class NoDocument(RuntimeError):
 
 
 def collect(
-    inventory: str | None, limit: str | None = None, secrets: runner.Vault | None = None
+    inventory: str | None, limit: str | None = None, secrets: runner.Vault | None = None, probe: bool = False
 ) -> list[dict[str, Any]]:
     """The status document's hosts; runner.BadInput for bad input, NoDocument when the run gave none."""
     with tempfile.TemporaryDirectory(prefix="moefleet-status-") as tmp:
@@ -78,7 +83,7 @@ def collect(
         outcome = runner.run_playbook(
             "status.yml",
             inventory,
-            {"moefleet_status_path": str(path)},
+            {"moefleet_status_path": str(path), **({"moefleet_status_probe": True} if probe else {})},
             on_event=failures,
             notice=lambda m: print(m, file=sys.stderr),
             limit=limit,
@@ -103,7 +108,7 @@ def exit_code(hosts: list[dict[str, Any]]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        hosts = collect(args.inventory, getattr(args, "limit", None), vault(args))
+        hosts = collect(args.inventory, getattr(args, "limit", None), vault(args), getattr(args, "probe", False))
     except runner.BadInput as exc:
         print(f"moefleet status: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -135,6 +140,9 @@ def _drift(host: dict[str, Any]) -> str:
         return f"{name} {state} to {serving or 'nothing'} (asked {asked})"
     if state == "failed":
         return f"{name} failed (asked {asked}, serves nothing)"
+    answers = host.get("answers") or {}
+    if host.get("health") == "wrong_output":
+        return f"{name} answers wrongly (check {answers.get('failed_check')} failed: {answers.get('evidence')})"
     return f"{name} {host.get('health') or 'down'} (asked {asked}, unit {host.get('unit') or 'unknown'})"
 
 

@@ -87,17 +87,20 @@ def local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, at
     return host_state.local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now)
 
 
-def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info, router=None):
+def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info, router=None, answers=None):
     """One host's entry of the status document (schemas/status.schema.json). ``router``, for a fleet with
     routers: ``{'url': the worker's URL as the routers list it, 'answers': the uri results of each router's
     GET /workers}``; the entry's router state is host_state.router_state's answer (none without routers), for the
-    model the server says it serves (``served_model_name`` of its /server_info)."""
+    model the server says it serves (``served_model_name`` of its /server_info). ``answers``: the sglang_answers
+    result of ``moefleet status --probe`` (none when it did not run)."""
     code = int(health_code) if health_code not in (None, "") else None
     state = None
     if isinstance(router, dict) and router.get("answers"):
         state = host_state.router_state(str(router.get("url")), host_state.router_workers(router["answers"]),
                                         (server_info or {}).get("served_model_name"))
-    return host_state.status_entry(host, bool(reachable), local, runtime, unit_state, code, server_info, router=state)
+    probe = answers if isinstance(answers, dict) and "passed" in answers else None
+    return host_state.status_entry(host, bool(reachable), local, runtime, unit_state, code, server_info, router=state,
+                                   answers=probe)
 
 
 def rollback_summary(attempts, requested, restored=None):

@@ -62,13 +62,16 @@ def status_entry(
     health_code: int | None,
     server_info: Mapping[str, Any] | None,
     router: str | None = None,
+    answers: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One host's line of the status document (playbooks/status.yml; `moefleet status` prints it).
 
     ``health`` is ``serving`` (/health answers 200), ``starting`` (503, or the unit is on its way up),
     ``down`` or ``unreachable``; ``state`` what the host is now (host_outcome); ``server_args`` the
     parallelism /server_info reports, null when it did not answer. ``router`` (router_state's answer) is
-    added only for a fleet with routers."""
+    added only for a fleet with routers. ``answers`` (the correctness gate's result, ``moefleet status --probe``)
+    adds ``answers`` (passed, the failed check, its evidence); a server that answers wrongly has the health
+    ``wrong_output``, so it does not count as serving."""
     local, runtime = (local or {}, runtime or {}) if reachable else ({}, {})
     unit = unit_state or "unknown"
     if not reachable:
@@ -79,6 +82,12 @@ def status_entry(
         health = "starting"
     else:
         health = "down"
+    probed = None
+    if answers is not None and reachable:
+        probed = {"passed": bool(answers.get("passed")), "failed_check": answers.get("failed_check"),
+                  "evidence": answers.get("evidence")}
+        if health == "serving" and not probed["passed"]:
+            health = "wrong_output"
     info = server_info or {}
     return {
         "host": host,
@@ -93,7 +102,7 @@ def status_entry(
         "last_rollback": local.get("last_rollback"),
         "runtime_ooms": int(runtime.get("ooms") or 0),
         "last_runtime_failure": runtime.get("last"),
-    } | ({"router": router} if router is not None else {})
+    } | ({"router": router} if router is not None else {}) | ({"answers": probed} if probed is not None else {})
 
 
 def host_outcome(health: str, recorded: str | None, serving: str | None, asked: str | None) -> str:

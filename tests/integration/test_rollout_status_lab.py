@@ -33,8 +33,8 @@ def moefleet(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
     return code, captured.out + captured.err
 
 
-def status_of(capsys, inventory) -> dict[str, dict]:
-    code, out = moefleet(capsys, "status", "-i", str(inventory), "--json")
+def status_of(capsys, inventory, *options: str) -> dict[str, dict]:
+    code, out = moefleet(capsys, "status", "-i", str(inventory), "--json", *options)
     # the document starts at a line of its own: output of the run before (a report's "-e" line) may hold braces
     document = json.loads(out[out.index("\n{") + 1 : out.rindex("}") + 1] if not out.startswith("{") else
                           out[: out.rindex("}") + 1])
@@ -61,11 +61,12 @@ def test_clean_rollout_serves_tp8_everywhere(lab_inventory, tmp_path, capsys):
     }
     assert report.with_suffix(".md").exists()
 
-    hosts = status_of(capsys, lab_inventory)
+    hosts = status_of(capsys, lab_inventory, "--probe")  # the correctness gate's requests, through the real playbook
     assert {h: (s["serving_profile"], s["health"], s["server_args"]["tp_size"]) for h, s in hosts.items()} == {
         "itest-1": ("tp8", "serving", 8),
         "itest-2": ("tp8", "serving", 8),
     }
+    assert all(s["answers"] == {"passed": True, "failed_check": None, "evidence": None} for s in hosts.values())
     assert hosts["itest-1"]["exit"] == 0
 
 

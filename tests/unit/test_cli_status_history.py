@@ -240,3 +240,45 @@ def test_history_unknown_inventory_is_bad_input(tmp_path, capsys):
 
 def test_status_and_history_share_the_time_and_target_code():
     assert status.utc_text is _common.utc_text and history.utc_text is _common.utc_text
+
+
+class FakeProbe(FakeStatus):
+    """status.yml with -e moefleet_status_probe=true: each host's sglang_answers result goes into its entry."""
+
+    def __init__(self, answers: dict[str, dict]):
+        super().__init__(None)
+        self.answers, self.extravars = answers, None
+
+    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
+        self.extravars = dict(extravars)
+        probed = extravars.get("moefleet_status_probe") is True
+        self.hosts = [status_entry(h, True, facts("ep8", "ep8", "ready"), {}, "active", 200, {"tp_size": 8},
+                                   answers=a if probed else None) for h, a in self.answers.items()]
+        return super().__call__(name, inventory, extravars, on_event, notice, limit, vault)
+
+
+GOOD = {"passed": True, "failed_check": None, "evidence": None, "checks": []}
+BAD = {"passed": False, "failed_check": "thinking", "evidence": "content is garbage, a run of '!': '!!!!!!!!'"}
+
+
+def test_probe_asks_the_playbook_for_the_gate_and_a_wrong_answer_is_drift(monkeypatch, inventory, capsys):
+    fake = FakeProbe({"lab-1": GOOD, "lab-2": BAD})
+    monkeypatch.setattr(runner, "run_playbook", fake)
+    assert cli.main(["status", "-i", str(inventory), "--probe"]) == 1
+    assert fake.extravars["moefleet_status_probe"] is True
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == ("1 of 2 hosts serve what they were asked; lab-2 answers wrongly (check thinking "
+                                    "failed: content is garbage, a run of '!': '!!!!!!!!')")
+    assert cli.main(["status", "-i", str(inventory), "--probe", "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    jsonschema.validate(document, STATUS_SCHEMA)
+    assert [(h["health"], h["state"], h["answers"]["passed"]) for h in document["hosts"]] == [
+        ("serving", "ready", True), ("wrong_output", "down", False)]
+
+
+def test_without_probe_nothing_is_asked_and_entries_have_no_answers(monkeypatch, inventory, capsys):
+    fake = FakeProbe({"lab-1": BAD})
+    monkeypatch.setattr(runner, "run_playbook", fake)
+    assert cli.main(["status", "-i", str(inventory), "--json"]) == 0
+    assert "moefleet_status_probe" not in fake.extravars
+    assert "answers" not in json.loads(capsys.readouterr().out)["hosts"][0]
