@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright: moefleet contributors
+# Apache-2.0
+
 """Ansible module: check what a client of an SGLang server gets (the correctness gate)."""
 
 from __future__ import annotations
