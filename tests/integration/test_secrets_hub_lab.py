@@ -39,6 +39,9 @@ MODEL = {
     "sglang_model_source": "huggingface",
     "sglang_model_repo": hub.GATED_REPO,
     "sglang_model_download_poll": 1,
+    # a DeepSeek-V3 architecture: served with that model's parsers (docs/models.md), the correctness gate's
+    # requests sent with the API key
+    "sglang_service_model": "deepseek-v3",
 }
 PLAYBOOK = """---
 - name: The model role alone, on the host under test

@@ -50,10 +50,10 @@ PARSERS = {"both kimi_k2": ("kimi_k2", "kimi_k2"), "none": (None, None), "tools 
            "reasoning only": ("kimi_k2", None)}
 
 
-def _simulated(body: dict, reasoning_parser, tool_call_parser, garbage=False):
+def _simulated(body: dict, reasoning_parser, tool_call_parser, garbage=False, model=chat.KIMI):
     prompt = "\n".join(_content_text(m.get("content")) for m in body["messages"])
     words, finish = completion_words(prompt, body.get("max_tokens"))
-    text, finish = chat.raw(body, words, finish, _content_text, garbage=garbage)
+    text, finish = chat.raw(body, words, finish, _content_text, garbage=garbage, model=model)
     message, finish_reason = chat.message(text, body, finish, reasoning_parser, tool_call_parser)
     return text, finish, message, finish_reason
 
@@ -95,3 +95,38 @@ def test_garbage_stays_garbage_through_sglangs_parsers(parsers):
                         "tool_call_parser": parsers[1], "finish_reason": {"type": finish, "matched": 163586}}])[0]
     assert {k: message[k] for k in real["message"]} == real["message"] and set(text) == {"!"}
     assert not real["message"]["tool_calls"]
+
+
+def _without_random_ids(message: dict) -> dict:
+    """serving_chat gives non-Kimi tool calls a random id (call_ and 24 hex): compared by its form."""
+    calls = [{**c, "id": "call_" if str(c["id"]).startswith("call_") and len(c["id"]) == 29 else c["id"]}
+             for c in message.get("tool_calls") or []] or None
+    return {**message, "tool_calls": calls}
+
+
+def test_a_deepseek_v3_style_model_answers_as_sglangs_deepseekv3_parser_says():
+    """The second model family (a DeepSeek-V3 architecture, docs/models.md): no thinking, DeepSeek-V3's tool-call
+    tokens, --tool-call-parser deepseekv3 (with and without the parser)."""
+    runs, requests = [], []
+    for case in ("instant", "known answer", "tool call, hyphenated name", "tool call after an earlier one",
+                 "tools offered, choice none", "cut by max_tokens"):
+        for parser in ("deepseekv3", None):
+            body = {"model": "deepseek-v3", **CASES[case]}
+            text, finish, message, finish_reason = _simulated(body, None, parser, model=chat.DEEPSEEK)
+            runs.append((f"{case} / tool parser {parser}", text, message, finish_reason))
+            requests.append({"op": "chat", "request": body, "text": text, "reasoning_parser": None,
+                             "tool_call_parser": parser,
+                             "finish_reason": {"type": finish, "matched": 1 if finish == "stop" else None}})
+    answers = oracle.ask(requests)
+    problems = []
+    for (what, text, message, finish_reason), real in zip(runs, answers, strict=True):
+        seen = _without_random_ids({k: message[k] for k in ("content", "reasoning_content", "tool_calls")})
+        if seen != _without_random_ids(real["message"]) or finish_reason != real["finish_reason"]:
+            problems.append(f"{what}: raw {text!r}\n  simulator {seen} {finish_reason}\n  SGLang    {real['message']} "
+                            f"{real['finish_reason']}")
+    assert not problems, "\n".join(problems)
+    parsed = {what: message for what, _, message, _ in runs}
+    assert parsed["tool call, hyphenated name / tool parser deepseekv3"]["tool_calls"][0]["function"]["name"] == \
+        "get-weather"
+    assert "<｜tool▁calls▁begin｜>" in parsed["tool call, hyphenated name / tool parser None"]["content"]
+

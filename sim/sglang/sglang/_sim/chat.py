@@ -19,7 +19,14 @@ from __future__ import annotations
 import json
 import re
 
+KIMI, DEEPSEEK = "kimi_k2", "deepseekv3"  # the model families the simulator writes for (family())
 THINK_START, THINK_END = "<think>", "</think>"
+# DeepSeek-V3's tool-call tokens (function_call/deepseekv3_detector.py), written as the model writes them
+DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL_BEGIN, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_DS_CALL = re.compile(re.escape(DS_CALL_BEGIN) + ".*?" + re.escape(DS_CALL_END), re.S)
+_DS_DETAIL = re.compile(re.escape(DS_CALL_BEGIN) + "(.*)" + re.escape(DS_SEP) + "(.*)\n```json\n(.*)\n```"
+                        + re.escape(DS_CALL_END), re.S)
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 # serving_chat / KimiK2Detector: a call's id, and the arguments up to the call's end (nested objects survive)
@@ -28,6 +35,12 @@ _CALL = re.compile(re.escape(CALL_BEGIN) + r"\s*([\w.\-]+:\d+)\s*" + re.escape(A
 _CALL_ID = re.compile(r"^(?:functions\.)?([\w.\-]+):(\d+)$")
 _SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
 SAMPLE = {"string": "Paris", "integer": 3, "number": 2.5, "boolean": True, "array": [], "object": {}}
+
+
+def family(architecture: str) -> str:
+    """Kimi K2.x (KimiK2*/KimiK25* architectures) writes K2's tokens and thinks; anything else is taken as a
+    DeepSeek-V3-style text model: no thinking, DeepSeek-V3's tool-call tokens."""
+    return KIMI if architecture.startswith("KimiK2") else DEEPSEEK
 
 
 def thinking_on(body: dict) -> bool:
@@ -60,12 +73,13 @@ def _last_user_text(body: dict, text_of) -> str:
     return ""
 
 
-def raw(body: dict, words: list[str], finish: str, text_of, garbage: bool = False) -> tuple[str, str]:
+def raw(body: dict, words: list[str], finish: str, text_of, garbage: bool = False,
+        model: str = KIMI) -> tuple[str, str]:
     """The model's decoded output for the request and its finish reason: ``words`` are the tokens the server decoded
-    for it, ``finish`` why the decoding stopped (``length``: max_tokens)."""
+    for it, ``finish`` why the decoding stopped (``length``: max_tokens); ``model`` the family (family())."""
     if garbage:
         return "!" * max(8, len(words)), finish
-    think = thinking_on(body)
+    think = thinking_on(body) and model == KIMI
     last = body.get("messages", [{}])[-1] if body.get("messages") else {}
     tools = _offered_tools(body)
     asked = _SUM.search(_last_user_text(body, text_of))
@@ -85,6 +99,9 @@ def raw(body: dict, words: list[str], finish: str, text_of, garbage: bool = Fals
         args = json.dumps(_arguments(tool.get("parameters") or {}), ensure_ascii=False)
         # The model numbers the calls of the whole conversation itself.
         name = tool.get("name", "tool")
+        if model == DEEPSEEK:
+            call = f"{DS_CALL_BEGIN}function{DS_SEP}{name}\n```json\n{args}\n```{DS_CALL_END}"
+            return DS_CALLS_BEGIN + call + DS_CALLS_END, finish
         call = f"{CALL_BEGIN}functions.{name}:{_earlier_calls(body)}{ARGUMENT_BEGIN}{args}{CALL_END}"
         return head + SECTION_BEGIN + call + SECTION_END, finish
     answer = str(int(asked.group(1)) + int(asked.group(2))) if asked else " ".join(words[half:])
@@ -99,6 +116,9 @@ def message(text: str, body: dict, finish: str, reasoning_parser: str | None,
         forced = not body.get("chat_template_kwargs") or thinking_on(body)
         reasoning, text = _split_reasoning(text, forced)
     calls = None
+    if tool_call_parser == DEEPSEEK and body.get("tools") and body.get("tool_choice") != "none" \
+            and DS_CALLS_BEGIN in text:
+        return _deepseek_calls(text, body, finish)
     if tool_call_parser == "kimi_k2" and body.get("tools") and body.get("tool_choice") != "none" \
             and SECTION_BEGIN in text:
         if finish == "stop":
@@ -128,3 +148,27 @@ def _split_reasoning(text: str, forced: bool) -> tuple[str | None, str]:
         return body, ""  # cut before </think>: all of it is reasoning
     reasoning, _, rest = body.partition(THINK_END)
     return reasoning, rest.strip()
+
+
+def _deepseek_calls(text: str, body: dict, finish: str) -> tuple[dict, str]:
+    """serving_chat with --tool-call-parser deepseekv3: the text before the section is the content, each call's JSON
+    re-written (json.dumps), calls to tools the request does not offer dropped, ids call_<24 hex> (random)."""
+    import uuid
+
+    if finish == "stop":
+        finish = "tool_calls"
+    offered = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
+    content = text[:text.find(DS_CALLS_BEGIN)].strip()
+    calls = []
+    try:
+        for match in _DS_CALL.findall(text):
+            detail = _DS_DETAIL.search(match)
+            name, arguments = detail.group(2), json.loads(detail.group(3))
+            if name in offered:
+                calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "index": offered.index(name), "type": "function",
+                              "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+    except (AttributeError, ValueError):  # the detector gives the whole text back as content
+        return {"role": "assistant", "content": text or None, "reasoning_content": None, "tool_calls": None}, finish
+    return {"role": "assistant", "content": content or None, "reasoning_content": None, "tool_calls": calls or None}, \
+        finish
+

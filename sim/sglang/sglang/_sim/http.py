@@ -345,13 +345,11 @@ class Handler(BaseHTTPRequestHandler):
             self._sse_end()
             return
         words, finish, ptoks, _, _ = self._run(prompt, max_tokens, ignore_eos=ignore_eos)
-        if st.cfg.architecture.startswith("KimiK2"):  # the model's own tokens, through the server's parsers
-            text, finish = C.raw(body, words, finish, _content_text, garbage=st.garbage)
-            parsers = (st.args.reasoning_parser, st.args.tool_call_parser) if st.parsers_apply else (None, None)
-            message, finish = C.message(text, body, finish, *parsers)
-        else:
-            message = {"role": "assistant", "content": "!" * len(words) if st.garbage else " ".join(words),
-                       "reasoning_content": None, "tool_calls": None}
+        # the model's own tokens (chat.py: Kimi K2.x, else DeepSeek-V3-style), through the server's parsers
+        family = C.family(st.cfg.architecture)
+        text, finish = C.raw(body, words, finish, _content_text, garbage=st.garbage, model=family)
+        parsers = (st.args.reasoning_parser, st.args.tool_call_parser) if st.parsers_apply else (None, None)
+        message, finish = C.message(text, body, finish, *parsers)
         self._send(200, {
             "id": cid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message,
