@@ -58,26 +58,38 @@ def _simulated(body: dict, reasoning_parser, tool_call_parser, garbage=False, mo
     return text, finish, message, finish_reason
 
 
-def test_the_simulators_parsed_answers_are_sglangs():
+def _without_random_ids(message: dict) -> dict:
+    """serving_chat gives non-Kimi tool calls a random id (call_ and 24 hex): compared by its form."""
+    calls = [{**c, "id": "call_" if str(c["id"]).startswith("call_") and len(c["id"]) == 29 else c["id"]}
+             for c in message.get("tool_calls") or []] or None
+    return {**message, "tool_calls": calls}
+
+
+def _same_as_sglang(cases: list[tuple[str, dict, str | None, str | None]], model: str = chat.KIMI) -> dict:
+    """Each (what, request, reasoning parser, tool-call parser) answered by the simulator and, from the simulator's
+    raw text, by SGLang's own parsers (the oracle): asserts the messages and finish reasons are the same (a random
+    tool-call id compared by its form); returns the simulator's messages by ``what``."""
     runs, requests = [], []
-    for case, request in CASES.items():
-        for setting, (reasoning_parser, tool_call_parser) in PARSERS.items():
-            body = {"model": "kimi-k2.6", **request}
-            text, finish, message, finish_reason = _simulated(body, reasoning_parser, tool_call_parser)
-            runs.append((f"{case} / parsers {setting}", text, message, finish_reason))
-            requests.append({"op": "chat", "request": body, "text": text, "reasoning_parser": reasoning_parser,
-                             "tool_call_parser": tool_call_parser,
-                             "finish_reason": {"type": finish, "matched": 163586 if finish == "stop" else None}})
-    answers = oracle.ask(requests)
+    for what, body, reasoning_parser, tool_call_parser in cases:
+        text, finish, message, finish_reason = _simulated(body, reasoning_parser, tool_call_parser, model=model)
+        runs.append((what, text, message, finish_reason))
+        requests.append({"op": "chat", "request": body, "text": text, "reasoning_parser": reasoning_parser,
+                         "tool_call_parser": tool_call_parser,
+                         "finish_reason": {"type": finish, "matched": 163586 if finish == "stop" else None}})
     problems = []
-    for (what, text, message, finish_reason), real in zip(runs, answers, strict=True):
-        seen = {k: message[k] for k in ("content", "reasoning_content", "tool_calls")}
-        if seen != real["message"] or finish_reason != real["finish_reason"]:
+    for (what, text, message, finish_reason), real in zip(runs, oracle.ask(requests), strict=True):
+        seen = _without_random_ids({k: message[k] for k in ("content", "reasoning_content", "tool_calls")})
+        if seen != _without_random_ids(real["message"]) or finish_reason != real["finish_reason"]:
             problems.append(f"{what}: raw {text!r}\n  simulator {seen} {finish_reason}\n  SGLang    {real['message']} "
                             f"{real['finish_reason']}")
     assert not problems, "\n".join(problems)
+    return {what: message for what, _, message, _ in runs}
+
+
+def test_the_simulators_parsed_answers_are_sglangs():
+    parsed = _same_as_sglang([(f"{case} / parsers {setting}", {"model": "kimi-k2.6", **request}, *parsers)
+                              for case, request in CASES.items() for setting, parsers in PARSERS.items()])
     # the cases reach what a gate looks at: a parsed call with a hyphenated name and valid JSON, reasoning kept apart
-    parsed = {what: message for what, _, message, _ in runs}
     call = parsed["tool call, hyphenated name / parsers both kimi_k2"]["tool_calls"][0]
     assert call["function"]["name"] == "get-weather" and call["id"] == "functions.get-weather:0"
     assert parsed["tool call after an earlier one / parsers both kimi_k2"]["tool_calls"][0]["id"] == \
@@ -97,35 +109,13 @@ def test_garbage_stays_garbage_through_sglangs_parsers(parsers):
     assert not real["message"]["tool_calls"]
 
 
-def _without_random_ids(message: dict) -> dict:
-    """serving_chat gives non-Kimi tool calls a random id (call_ and 24 hex): compared by its form."""
-    calls = [{**c, "id": "call_" if str(c["id"]).startswith("call_") and len(c["id"]) == 29 else c["id"]}
-             for c in message.get("tool_calls") or []] or None
-    return {**message, "tool_calls": calls}
-
-
 def test_a_deepseek_v3_style_model_answers_as_sglangs_deepseekv3_parser_says():
     """The second model family (a DeepSeek-V3 architecture, docs/models.md): no thinking, DeepSeek-V3's tool-call
     tokens, --tool-call-parser deepseekv3 (with and without the parser)."""
-    runs, requests = [], []
-    for case in ("instant", "known answer", "tool call, hyphenated name", "tool call after an earlier one",
-                 "tools offered, choice none", "cut by max_tokens"):
-        for parser in ("deepseekv3", None):
-            body = {"model": "deepseek-v3", **CASES[case]}
-            text, finish, message, finish_reason = _simulated(body, None, parser, model=chat.DEEPSEEK)
-            runs.append((f"{case} / tool parser {parser}", text, message, finish_reason))
-            requests.append({"op": "chat", "request": body, "text": text, "reasoning_parser": None,
-                             "tool_call_parser": parser,
-                             "finish_reason": {"type": finish, "matched": 1 if finish == "stop" else None}})
-    answers = oracle.ask(requests)
-    problems = []
-    for (what, text, message, finish_reason), real in zip(runs, answers, strict=True):
-        seen = _without_random_ids({k: message[k] for k in ("content", "reasoning_content", "tool_calls")})
-        if seen != _without_random_ids(real["message"]) or finish_reason != real["finish_reason"]:
-            problems.append(f"{what}: raw {text!r}\n  simulator {seen} {finish_reason}\n  SGLang    {real['message']} "
-                            f"{real['finish_reason']}")
-    assert not problems, "\n".join(problems)
-    parsed = {what: message for what, _, message, _ in runs}
+    cases = ("instant", "known answer", "tool call, hyphenated name", "tool call after an earlier one",
+             "tools offered, choice none", "cut by max_tokens")
+    parsed = _same_as_sglang([(f"{case} / tool parser {parser}", {"model": "deepseek-v3", **CASES[case]}, None, parser)
+                              for case in cases for parser in ("deepseekv3", None)], model=chat.DEEPSEEK)
     assert parsed["tool call, hyphenated name / tool parser deepseekv3"]["tool_calls"][0]["function"]["name"] == \
         "get-weather"
     assert "<｜tool▁calls▁begin｜>" in parsed["tool call, hyphenated name / tool parser None"]["content"]
