@@ -30,6 +30,7 @@ from playbook import lab_module  # tests/, beside this file: the lab's own podma
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / ".lab" / "logs"
+LAB_PY = ROOT / "sim" / "lab" / "lab.py"
 BIN = Path(sys.executable).parent
 
 
@@ -114,8 +115,24 @@ def _machine_cpu() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def _wait_for(running: dict[str, tuple[subprocess.Popen, float]], seconds: float = 30.0) -> None:
+    """Until the stopped jobs' processes are gone (or ``seconds``), so that none starts a container meanwhile."""
+    end = time.monotonic() + seconds
+    for proc, _ in running.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, end - time.monotonic()))
+
+
 def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _remove_labs_left_behind() -> None:
+    """A job stopped with SIGTERM never runs its fixtures' or molecule's teardown: its lab containers would go on
+    running (systemd, SGLang's simulator, the mirror), holding mounts under .lab/ and their network's DNS records,
+    which a new clone at the same path then trips over. Take down every lab of this clone (its own podman storage)."""
+    print("suite: removing the labs the stopped jobs left (sim/lab/lab.py down --all)", flush=True)
+    subprocess.run([sys.executable, str(LAB_PY), "down", "--all"], cwd=ROOT, check=False, timeout=600)
 
 
 def run(names: list[str], slots: int, keep_going: bool = False) -> int:
@@ -127,6 +144,9 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
         for proc, _ in running.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+        if running:
+            _wait_for(running)
+            _remove_labs_left_behind()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop_all)
@@ -138,6 +158,7 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
     busy = _machine_cpu()
     failed: str | None = None
     failed_too: list[str] = []  # with keep_going: every job that failed, the others left to finish
+    stopped: list[str] = []  # jobs stopped because another failed
     started = time.monotonic()
     while (pending and failed is None) or running:
         while pending and failed is None and len(running) < slots:
@@ -168,9 +189,12 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
             elif proc.returncode != 0 and failed is None:
                 failed = name
                 for other, (p, _) in running.items():
+                    stopped.append(other)
                     print(f"suite: stopping {other}", flush=True)
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(p.pid, signal.SIGTERM)
+    if stopped:
+        _remove_labs_left_behind()
     if failed_too and not failed:
         failed = failed_too[0]
     hosts.done.set()
