@@ -2,7 +2,8 @@
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
 .fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; the
 documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one composition of an SGLang
-server's URL; .model_flags, the served model's parsers and sampling flags; and for the controller checks
+server's URL; .model_flags, the served model's parsers and sampling flags; .metrics_flags, SGLang's metrics
+flags; .scrape_targets, Prometheus's targets from the inventory; and for the controller checks
 moefleet.serving.host_inputs, .origins, .playbook_input_problems and .misread_booleans."""
 
 from __future__ import annotations
@@ -245,6 +246,65 @@ def model_flags(models, model, tool_call_parser="auto", reasoning_parser="auto",
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def metrics_flags(enabled, flags=None):
+    """SGLang's metrics flags for the attempt's flags (module_utils/serving_model.py): ``{{ sglang_service_metrics |
+    moefleet.serving.metrics_flags(_sglang_service_flags) }}`` -> dict."""
+    return serving_model.metrics_flags(bool(enabled), flags)
+
+
+# Scrape jobs of moefleet's Prometheus (roles/monitoring_server) and the role each group's hosts have in them.
+SCRAPE_JOBS = ("sglang", "smg", "node", "dcgm")
+
+
+def scrape_targets(hostvars, workers, routers, monitoring, defaults):
+    """Prometheus file_sd target lists by job, from the inventory: ``{{ hostvars | moefleet.serving.scrape_targets(
+    groups.blackwell, groups.routers, groups.monitoring, {'sglang_service': ..., 'sglang_router': ...,
+    'node_metrics': ...}) }}`` -> ``{job: [{"targets": ["addr:port"], "labels": {"host", "role"}}], ...,
+    "unreachable": [worker, ...]}``.
+
+    sglang: each worker with sglang_service_metrics on, at the address the routers reach it at (worker_url);
+    smg: each router's --prometheus-port; node: node_exporter on every host (a host in several groups once, as worker,
+    else gateway, else monitoring); dcgm: workers with node_metrics_gpu_collector dcgm. ``unreachable``: workers
+    bound to the loopback, whose /metrics no other host can scrape. ``defaults`` are the roles' defaults, for what
+    a host's variables leave unset."""
+    def var(host, role, name):
+        hv = hostvars[host]
+        return hv[name] if name in hv else defaults[role][name]
+
+    def reach(host):
+        return hostvars[host].get("ansible_host", host)
+
+    def entry(host, role, address, port):
+        return {"targets": [f"{'[' + address + ']' if ':' in str(address) else address}:{int(port)}"],
+                "labels": {"host": host, "role": role}}
+
+    workers, routers, monitoring = list(workers or []), list(routers or []), list(monitoring or [])
+    out = {job: [] for job in SCRAPE_JOBS} | {"unreachable": []}
+    for host in workers:
+        if _boolean(var(host, "sglang_service", "sglang_service_metrics")):
+            bound = str(var(host, "sglang_service", "sglang_service_host")).strip("[]")
+            if bound in _LOOPBACKS:
+                out["unreachable"].append(host)
+            url = worker_url(bound, var(host, "sglang_service", "sglang_service_port"), reach(host))
+            out["sglang"].append({"targets": [url.removeprefix("http://")], "labels": {"host": host, "role": "worker"}})
+        if var(host, "node_metrics", "node_metrics_gpu_collector") == "dcgm":
+            out["dcgm"].append(entry(host, "worker", reach(host), var(host, "node_metrics", "node_metrics_dcgm_port")))
+    for host in routers:
+        out["smg"].append(entry(host, "gateway", reach(host),
+                                var(host, "sglang_router", "sglang_router_prometheus_port")))
+    seen = set()
+    for hosts, role in ((workers, "worker"), (routers, "gateway"), (monitoring, "monitoring")):
+        for host in hosts:
+            if host not in seen:
+                seen.add(host)
+                out["node"].append(entry(host, role, reach(host), var(host, "node_metrics", "node_metrics_port")))
+    return out
+
+
+def _boolean(value):
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
 class FilterModule:
     """moefleet filters, called as moefleet.serving.<name>."""
 
@@ -267,4 +327,6 @@ class FilterModule:
             "misread_booleans": misread_booleans,
             "worker_url": worker_url,
             "model_flags": model_flags,
+            "metrics_flags": metrics_flags,
+            "scrape_targets": scrape_targets,
         }

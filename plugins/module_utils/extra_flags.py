@@ -52,6 +52,8 @@ OWNED = {
     "reasoning_parser": "sglang_service_reasoning_parser (auto: the model's, from sglang_service_models)",
     "sampling_defaults": "sglang_service_sampling_defaults",
     "context_length": "sglang_service_context_length",
+    "enable_metrics": "sglang_service_metrics",
+    "enable_metrics_for_all_schedulers": "sglang_service_metrics (it adds this flag with DP attention)",
 }
 
 # Fractions of something (GPU memory, a token pool): SGLang takes any float, and fails, or runs out of memory,

@@ -42,3 +42,16 @@ def model_flags(models: Mapping[str, Any], model: str, tool_call_parser: str = A
     if context_length:
         flags["context_length"] = int(context_length)
     return flags
+
+
+def metrics_flags(enabled: bool, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``{flag: value}`` for SGLang's Prometheus metrics (``sglang_service_metrics``): ``--enable-metrics`` serves
+    ``/metrics`` on the serving port; with DP attention (``enable_dp_attention`` in ``flags``, the attempt's) also
+    ``--enable-metrics-for-all-schedulers``, as SGLang 0.5.10 reports a scheduler's figures only from attention-TP
+    rank 0 without it (scheduler_metrics_mixin.py), and each DP group's queue and KV pool are their own. Off: none."""
+    if not enabled:
+        return {}
+    out: dict[str, Any] = {"enable_metrics": True}
+    if (flags or {}).get("enable_dp_attention"):
+        out["enable_metrics_for_all_schedulers"] = True
+    return out

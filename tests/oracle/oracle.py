@@ -69,12 +69,13 @@ def without_mem_fraction(flags: dict) -> dict:
 
 def rendered_args(flags: dict, service: dict) -> list[str]:
     """The argv the sglang_service role renders (roles/sglang_service/vars/main.yml, _sglang_service_args):
-    model path, served name, host and port, the served model's flags, then the flags, through the product's own
-    filters."""
+    model path, served name, host and port, the served model's flags, the metrics flags, then the flags, through the
+    product's own filters."""
     head = {"model_path": service["sglang_model_path"],
             "served_model_name": service["sglang_service_served_model_name"],
             "host": service["sglang_service_host"], "port": service["sglang_service_port"]}
-    return product_filters()["profile_args"]({"flags": {**head, **model_flags(service), **flags}})
+    return product_filters()["profile_args"]({"flags": {**head, **model_flags(service), **metrics_flags(service, flags),
+                                                        **flags}})
 
 
 def model_flags(service: dict) -> dict:
@@ -83,6 +84,11 @@ def model_flags(service: dict) -> dict:
         service["sglang_service_models"], service["sglang_service_model"], service["sglang_service_tool_call_parser"],
         service["sglang_service_reasoning_parser"], service["sglang_service_sampling_defaults"],
         service["sglang_service_context_length"])
+
+
+def metrics_flags(service: dict, flags: dict) -> dict:
+    """SGLang's metrics flags as the role computes them (_sglang_service_metrics_flags) for the attempt's flags."""
+    return product_filters()["metrics_flags"](service["sglang_service_metrics"], flags)
 
 
 def product_filters() -> dict:

@@ -41,7 +41,8 @@ def _emitted() -> list[tuple[str, dict, list[str]]]:
             for tuning in _tunings(name, profile):
                 flags = {**profile["flags"], **(service.get("sglang_service_extra_flags") or {}), **tuning}
                 what = f"{name} with {source}" + (f" and rollback tuning {tuning}" if tuning else "")
-                out.append((what, {**_head(service), **oracle.model_flags(service), **flags},
+                out.append((what, {**_head(service), **oracle.model_flags(service),
+                                   **oracle.metrics_flags(service, flags), **flags},
                             oracle.rendered_args(flags, service)))
     return out
 

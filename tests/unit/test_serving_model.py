@@ -58,3 +58,22 @@ def test_the_controller_refuses_a_parser_sglang_does_not_take_naming_the_variabl
     assert len(found) == 1 and "sglang_service_reasoning_parser (from the entry 'mine' of sglang_service_models)" \
         in found[0], found
     assert "has no entry" in _host(sglang_service_model="nope")[0]
+
+
+CATALOG = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG["profiles"]))
+def test_metrics_are_on_by_default_and_reported_by_every_scheduler_where_dp_attention_splits_them(name):
+    flags = CATALOG["profiles"][name]["flags"]
+    got = serving_model.metrics_flags(DEFAULTS["sglang_service_metrics"], flags)
+    assert got["enable_metrics"] is True
+    assert ("enable_metrics_for_all_schedulers" in got) == bool(flags.get("enable_dp_attention"))
+
+
+def test_a_dp_attention_profile_exists_in_the_catalog_so_the_case_above_is_exercised():
+    assert any(p["flags"].get("enable_dp_attention") for p in CATALOG["profiles"].values())
+
+
+def test_metrics_off_passes_no_flag():
+    assert serving_model.metrics_flags(False, {"enable_dp_attention": True}) == {}

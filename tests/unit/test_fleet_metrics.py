@@ -1,0 +1,105 @@
+"""moefleet's state and the GPUs' figures as node_exporter textfiles (plugins/module_utils/fleet_metrics.py, run on
+the hosts by roles/node_metrics/files/moefleet-textfile): what alerts read, linted by the real promtool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ansible_collections.moefleet.serving.plugins.module_utils import fleet_metrics
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import promtool  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = {"asked_profile": "tp2ep4", "serving_profile": "ep8", "outcome": "degraded", "updated": "2026-12-02T10:00:00Z",
+         "last_rollback": {"time": "2026-12-02T09:59:00+00:00", "from": "tp2ep4", "to": "ep8", "reason": "OOM"}}
+RUNTIME = {"failures": [{"time": "2026-12-02T10:05:00+00:00", "state": "oom"},
+                        {"time": "2026-12-02T10:07:30+00:00", "state": "oom"},
+                        {"time": "2026-12-02T10:06:00+00:00", "state": "crashed"}], "ooms": 2}
+SMI = ("0, GPU-aaaa, NVIDIA RTX PRO 6000 Blackwell Server Edition, 00000000:17:00.0, 45, 118.35, 100, 90000, 7000\n"
+       "1, GPU-bbbb, NVIDIA RTX PRO 6000 Blackwell Server Edition, 00000000:3D:00.0, 32, [N/A], 0, 512, 96000\n")
+KERNEL = ("NVRM: Xid (PCI:0000:3d:00): 13, pid=1234, name=python3, Graphics SM Warp Exception\n"
+          "NVRM: Xid (PCI:0000:3d:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n")
+
+
+def samples(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def lint(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(promtool.path()), "check", "metrics"], input=text, capture_output=True, text=True)
+
+
+def test_a_host_on_a_fallback_with_runtime_failures():
+    got = samples(fleet_metrics.state_text(LOCAL, RUNTIME))
+    assert got['moefleet_host_info{asked_profile="tp2ep4",serving_profile="ep8",outcome="degraded"}'] == 1
+    assert got["moefleet_serving_as_asked"] == 0
+    assert got['moefleet_runtime_failures{state="oom"}'] == 2
+    assert got['moefleet_runtime_failures{state="crashed"}'] == 1
+    # the newest of each state, not the last in the list
+    assert got['moefleet_runtime_last_failure_timestamp_seconds{state="oom"}'] == 1796206050.0
+    assert got["moefleet_last_rollback_timestamp_seconds"] == 1796205540.0
+    assert got["moefleet_last_run_timestamp_seconds"] == 1796205600.0
+
+
+def test_a_host_that_serves_what_it_was_asked_and_a_host_never_deployed():
+    ready = samples(fleet_metrics.state_text({**LOCAL, "serving_profile": "tp2ep4", "outcome": "ready"}, {}))
+    assert ready["moefleet_serving_as_asked"] == 1
+    assert ready['moefleet_runtime_last_failure_timestamp_seconds{state="oom"}'] == 0
+    never = samples(fleet_metrics.state_text({}, None))
+    assert never['moefleet_host_info{asked_profile="",serving_profile="",outcome="none"}'] == 1
+    assert never["moefleet_serving_as_asked"] == 0
+
+
+def test_the_state_text_passes_promtools_lint():
+    result = lint(fleet_metrics.state_text(LOCAL, RUNTIME))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_lint_can_fail():
+    assert lint("# TYPE x gauge\nx{a=\"1\" 1\n").returncode != 0
+
+
+def test_gpus_under_the_dcgm_exporters_names_with_the_last_xid_per_gpu():
+    rows = fleet_metrics.parse_smi_csv(SMI)
+    text = fleet_metrics.gpu_text(rows, fleet_metrics.last_xids(KERNEL), "gpu-node-01")
+    got = samples(text)
+    gpu0 = ('{gpu="0",UUID="GPU-aaaa",pci_bus_id="00000000:17:00.0",device="nvidia0",'
+            'modelName="NVIDIA RTX PRO 6000 Blackwell Server Edition",Hostname="gpu-node-01"}')
+    assert got["DCGM_FI_DEV_GPU_TEMP" + gpu0] == 45
+    assert got["DCGM_FI_DEV_FB_USED" + gpu0] == 90000
+    assert got["DCGM_FI_DEV_XID_ERRORS" + gpu0] == 0
+    assert got["DCGM_FI_DEV_XID_ERRORS" + gpu0.replace('"0"', '"1"').replace("aaaa", "bbbb")
+               .replace("17:00.0", "3D:00.0").replace("nvidia0", "nvidia1")] == 79
+    # a field nvidia-smi cannot read ([N/A]) is left out, not written as a number
+    assert sum(1 for k in got if k.startswith("DCGM_FI_DEV_POWER_USAGE")) == 1
+    assert got["moefleet_gpu_collector_success"] == 1 and got["moefleet_gpus"] == 2
+    # promtool's lint asks for snake_case names: the DCGM exporter's own names are kept on purpose (rules and
+    # dashboards then work with either collector); anything else it says is a finding.
+    result = lint(text)
+    findings = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert findings and all(line.startswith("DCGM_FI_DEV_") and "camelCase" in line for line in findings), findings
+
+
+def test_nvidia_smi_that_does_not_answer_is_reported_not_hidden():
+    got = samples(fleet_metrics.gpu_text([], {}, "h", ok=False))
+    assert got == {"moefleet_gpu_collector_success": 0, "moefleet_gpus": 0}
+
+
+def test_the_simulated_nvidia_smi_answers_the_collectors_query():
+    """The lab's nvidia-smi takes the very query the collector sends (the lab test reads its figures through
+    Prometheus)."""
+    query = ",".join(fleet_metrics.SMI_FIELDS)
+    result = subprocess.run([sys.executable, str(ROOT / "sim" / "gpu" / "nvidia-smi"), f"--query-gpu={query}",
+                             "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert len(fleet_metrics.parse_smi_csv(result.stdout)) == 8
+
+
+def test_a_label_value_with_quotes_and_newlines_is_escaped():
+    text = fleet_metrics.state_text({"asked_profile": 'a"b\\c\nd', "outcome": "failed"}, {})
+    assert 'asked_profile="a\\"b\\\\c\\nd"' in text
+    assert lint(text).returncode == 0
