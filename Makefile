@@ -25,7 +25,7 @@ help:
 	@echo "make demo       set up, start the simulated lab, deploy profile $(PROFILE) on it"
 	@echo "make test       set up, lint, unit + integration tests, every molecule scenario (tests/suite.py)"
 	@echo "make check      lint, unit and oracle tests and one lab deploy: the edit-test loop"
-	@echo "make setup | lint | sanity | ee-context | unit | oracle | integration | molecule | sim-image | sim-up HOSTS=N | sim-down | bench"
+	@echo "make setup | lint | sanity | ee-context | unit | oracle | integration | molecule | sim-image | sim-up HOSTS=N [ROUTER=1] [MONITORING=1] | sim-down | bench"
 
 setup: $(SETUP_STAMP)
 	@if [ -e $(COLLECTION_LINK) ] && [ ! -L $(COLLECTION_LINK) ]; then rm -rf $(COLLECTION_LINK); fi
@@ -97,7 +97,7 @@ sim-mirrors: setup
 	$(BIN)/python sim/mirrors/build.py $(LAB)/mirror
 
 sim-up: sim-image sim-mirrors
-	$(BIN)/python sim/lab/lab.py up --hosts $(HOSTS)$(if $(filter 1,$(ROUTER)), --router)
+	$(BIN)/python sim/lab/lab.py up --hosts $(HOSTS)$(if $(filter 1,$(ROUTER) $(MONITORING)), --router)$(if $(filter 1,$(MONITORING)), --monitoring)
 	$(BIN)/ansible-playbook sim/playbooks/prepare.yml
 
 sim-down:
@@ -105,6 +105,7 @@ sim-down:
 
 demo: sim-up
 	$(BIN)/ansible-playbook deploy.yml -e profile=$(PROFILE)
+	$(if $(filter 1,$(MONITORING)),$(BIN)/ansible-playbook playbooks/monitoring.yml)
 
 bench: setup sim-image sim-mirrors
 	MOEFLEET_BENCH_ROLLOUT=1 $(BIN)/python tests/bench/run.py

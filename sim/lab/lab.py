@@ -5,13 +5,14 @@
     lab.py installed                   build (or reuse) the installed-base image: Debian 12 with what the install
                                        roles put on a host (driver, CUDA, SGLang; not the model), cached by the
                                        hash of that run's inputs
-    lab.py up [--name L] --hosts N [--os debian12,debian13] [--router] [--installed]
+    lab.py up [--name L] --hosts N [--os debian12,debian13] [--router [--monitoring]] [--installed]
                                        start hosts L-1..L-N (+ the shared mirror, serving the apt mirror,
                                        the package index and the Hub stand-in), write an inventory
                                        (default inventory/sim/hosts.yml), wait until each answers Ansible;
                                        --os gives each host its release in turn (L-1 the first, ...);
                                        --router adds host L-router in group routers (the model gateway,
                                        roles/sglang_router) and binds the workers to their lab address;
+                                       --monitoring puts L-router in group monitoring too (Prometheus);
                                        --installed starts the workers from the installed-base image
     lab.py reboot HOST                 reboot lab host HOST (e.g. lab-1): the container restarts, systemd boots
                                        again with a new /dev, and only the host's own units set it up again
@@ -424,7 +425,7 @@ def ssh_config_path(inventory: Path) -> Path:
 
 
 def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] | None = None,
-                    router: tuple[str, str] | None = None) -> None:
+                    router: tuple[str, str] | None = None, monitoring: bool = False) -> None:
     lines = [
         "---",
         "# Written by sim/lab/lab.py; the lab's other variables are in inventory/sim/group_vars/.",
@@ -452,6 +453,8 @@ def write_inventory(path: Path, hosts: dict[str, str], releases: dict[str, str] 
     if router:
         lines += ["    routers:", "      hosts:", f"        {router[0]}:", f"          ansible_host: {router[1]}"]
         everyone[router[0]] = router[1]
+    if router and monitoring:  # Prometheus and Alertmanager on the gateway host (playbooks/monitoring.yml)
+        lines += ["    monitoring:", "      hosts:", f"        {router[0]}:"]
     ssh = [f"Host {short}\n  HostName {ip}\n  User root\n  IdentityFile {SSH_KEY}\n"
            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
            for short, ip in sorted(everyone.items())]
@@ -579,14 +582,16 @@ def shared_state_lock():
 
 
 def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None, router: bool = False,
-       installed: bool = False) -> None:
+       installed: bool = False, monitoring: bool = False) -> None:
+    if monitoring and not router:
+        raise SystemExit("lab: --monitoring puts Prometheus on the gateway's host; add --router")
     if count < 1:
         raise SystemExit("lab: --hosts must be 1 or more; use `make sim-down` to remove the lab")
     if installed and set(releases or [DEFAULT_OS]) != {DEFAULT_OS}:
         raise SystemExit(f"lab: --installed is built for {DEFAULT_OS} only; leave out --os or --installed")
     worker_image = build_installed() if installed else None  # before the shared lock: it brings up a lab itself
     with shared_state_lock():
-        hosts, gateway, started = _start_hosts(lab, count, inventory, releases, router, worker_image)
+        hosts, gateway, started = _start_hosts(lab, count, inventory, releases, router, worker_image, monitoring)
     names = list(hosts) + ([gateway[0]] if gateway else [])
     wait_for_ansible(inventory, names)
     wait_for_mirror([f"{PREFIX}-{name}" for name in names])
@@ -595,7 +600,7 @@ def up(lab: str, count: int, inventory: Path, releases: list[str] | None = None,
 
 
 def _start_hosts(lab: str, count: int, inventory: Path, releases: list[str] | None, router: bool,
-                 worker_image: str | None = None):
+                 worker_image: str | None = None, monitoring: bool = False):
     """up's part that changes shared state: images, network, mirror, the hosts and their inventory. The workers
     start from worker_image when given (the installed base), else from their release's image."""
     releases = releases or [DEFAULT_OS]
@@ -637,7 +642,8 @@ def _start_hosts(lab: str, count: int, inventory: Path, releases: list[str] | No
         prepare_host(name)
     hosts = {name.removeprefix(f"{PREFIX}-"): container_ip(name) for name in workers}
     gateway = (router_name.removeprefix(f"{PREFIX}-"), container_ip(router_name)) if router else None
-    write_inventory(inventory, hosts, {name.removeprefix(f"{PREFIX}-"): os_of[name] for name in workers}, gateway)
+    write_inventory(inventory, hosts, {name.removeprefix(f"{PREFIX}-"): os_of[name] for name in workers}, gateway,
+                    monitoring)
     group_vars = inventory.parent / "group_vars"
     if inventory.parent != INVENTORY.parent and not group_vars.exists():
         group_vars.symlink_to(INVENTORY.parent / "group_vars")  # the lab's variables, for any lab
@@ -675,6 +681,8 @@ def main() -> None:
     up_p.add_argument("--inventory", type=Path, default=INVENTORY)
     up_p.add_argument("--router", action="store_true",
                       help="add host NAME-router in group routers, in front of the workers")
+    up_p.add_argument("--monitoring", action="store_true",
+                      help="put the router host in group monitoring too (playbooks/monitoring.yml: Prometheus there)")
     up_p.add_argument("--installed", action="store_true",
                       help="start the workers from the installed-base image (built first if its inputs changed)")
     sub.add_parser("installed", help="build (or reuse) the installed-base image")
@@ -699,7 +707,7 @@ def main() -> None:
     elif args.cmd == "installed":
         build_installed()
     elif args.cmd == "up":
-        up(args.name, args.hosts, args.inventory.resolve(), args.os, args.router, args.installed)
+        up(args.name, args.hosts, args.inventory.resolve(), args.os, args.router, args.installed, args.monitoring)
     elif args.cmd == "down":
         down(None if args.all else args.name, args.inventory.resolve())
     elif args.cmd == "reboot":

@@ -19,6 +19,8 @@ base, tp8 on each, the gateway) 325 s, (1) 261 s, (2) 116 s, (3) 7 s, (4) 27 s, 
 
 from __future__ import annotations
 
+import base64
+import datetime
 import json
 import os
 import subprocess
@@ -27,6 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -193,7 +196,7 @@ def routed_lab(tmp_path_factory):
     _run(sys.executable, LAB_PY, "image")
     _run(sys.executable, ROOT / "sim" / "mirrors" / "build.py")
     # the workers from the installed-base image (lab.py installed): molecule's default scenario installs from bare
-    _run(sys.executable, LAB_PY, "up", "--name", LAB, "--hosts", "3", "--router", "--installed",
+    _run(sys.executable, LAB_PY, "up", "--name", LAB, "--hosts", "3", "--router", "--monitoring", "--installed",
          "--inventory", inventory)
     clock.lap("lab up")
     try:
@@ -445,6 +448,124 @@ def test_a_bench_sweep_measures_the_bind_address_out_of_the_router(routed_lab, t
         ("ready", True)]
     facts = json.loads(on_host(inventory, host, "cat /etc/ansible/facts.d/moefleet.fact"))
     assert (facts["serving_profile"], facts["outcome"]) == ("ep8", "ready")
+
+
+# ------------------------------------------------------------------------------------------------ monitoring
+# playbooks/monitoring.yml with Prometheus and Alertmanager on the gateway's host (lab.py up --monitoring), from
+# Debian's archive: the real Prometheus scrapes the real smg, the real node_exporter and the simulated workers.
+DASHBOARDS = ROOT / "roles" / "monitoring_server" / "files" / "dashboards"
+SCRAPE_S = 5  # inventory/sim/group_vars/monitoring.yml
+
+
+def _prometheus(router_url: str, path: str, **params: str):
+    base = router_url.rsplit(":", 1)[0] + ":9090"
+    query = urllib.parse.urlencode(params)
+    with urllib.request.urlopen(f"{base}{path}{'?' + query if query else ''}", timeout=30) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _firing(router_url: str, alert: str, host: str) -> dict | None:
+    for a in _prometheus(router_url, "/api/v1/alerts")["alerts"]:
+        if a["labels"].get("alertname") == alert and a["labels"].get("host") == host and a["state"] == "firing":
+            return a
+    return None
+
+
+def _wait_firing(router_url: str, alert: str, host: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while (fired := _firing(router_url, alert, host)) is None:
+        assert time.monotonic() < deadline, (alert, host, _prometheus(router_url, "/api/v1/alerts")["alerts"])
+        time.sleep(1)
+    return fired
+
+
+def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(routed_lab):
+    """The monitoring playbook on the fleet: every target up (3 workers' SGLang, the gateway, node_exporter on all
+    4 hosts, Prometheus and Alertmanager), and every query of every shipped dashboard returns series, with $host a
+    worker's name. The canary the failed rollout left on a fallback fires MoefleetServesFallback."""
+    inventory, router_url = routed_lab
+    result = run_playbook(inventory, "playbooks/monitoring.yml")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    expected = {("sglang", w) for w in WORKERS} | {("node", h) for h in [*WORKERS, f"{LAB}-router"]} | {
+        ("smg", f"{LAB}-router"), ("prometheus", None), ("alertmanager", None)}
+    deadline = time.monotonic() + 60
+    while True:
+        targets = _prometheus(router_url, "/api/v1/targets")["activeTargets"]
+        seen = {(t["labels"]["job"], t["labels"].get("host")): t["health"] for t in targets}
+        if set(seen) == expected and set(seen.values()) == {"up"}:
+            break
+        assert time.monotonic() < deadline, {k: (v, [t.get("lastError") for t in targets
+                                                      if t["labels"]["job"] == k[0]]) for k, v in seen.items()}
+        time.sleep(2)
+    # Streamed requests through the gateway, so the request families of the last minute have samples (SGLang
+    # observes the time between tokens of streamed requests only).
+    traffic = Load(router_url, 6, 3.0, 16, api_key=WORKER_KEY).start().result()
+    assert traffic["ok"] == 6, traffic
+    time.sleep(2 * SCRAPE_S)
+    empty = []
+    for name in ("moefleet-fleet.json", "moefleet-host.json", "moefleet-gateway.json"):
+        board = json.loads((DASHBOARDS / name).read_text())
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"].replace("$__rate_interval", "1m").replace("$host", WORKERS[2])
+                if not _prometheus(router_url, "/api/v1/query", query=expr)["result"]:
+                    empty.append(f"{name} / {panel['title']}: {expr}")
+    assert not empty, "\n".join(empty)
+    # The failed rollout's canary serves a fallback (test 2): the rule says so.
+    fallback = _wait_firing(router_url, "MoefleetServesFallback", WORKERS[0], 3 * SCRAPE_S)
+    assert fallback["labels"]["outcome"] in ("degraded", "restored"), fallback
+
+
+def test_a_runtime_oom_fires_its_alert_within_two_scrape_intervals(routed_lab):
+    """An OOM while serving on the canary (out of the router since test 2): systemd restarts SGLang, the exit hook
+    records it in the local facts, the path unit rewrites moefleet.prom, and MoefleetRuntimeOOM fires. The
+    simulator's fault comes in through a runtime drop-in (test equipment), everything after it is the product's."""
+    inventory, router_url = routed_lab
+    host = WORKERS[0]
+    url = _worker_urls(inventory)[host]
+    assert _firing(router_url, "MoefleetRuntimeOOM", host) is None
+    fault = json.dumps([{"fault": "oom_runtime", "after_requests": 0}]).replace('"', '\\"')
+    dropin = base64.b64encode(f'[Service]\nEnvironment="SGLANG_SIM_FAULTS={fault}"\n'.encode()).decode()
+    on_host(inventory, host, "mkdir -p /run/systemd/system/sglang.service.d && echo " + dropin + " | base64 -d "
+            "> /run/systemd/system/sglang.service.d/zz-lab-fault.conf && systemctl daemon-reload "
+            "&& systemctl restart sglang.service")
+    _wait_serving(url)
+    body = json.dumps({"model": "kimi-k2.6", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers={
+        "content-type": "application/json", "Authorization": f"Bearer {WORKER_KEY}"})
+    with pytest.raises(OSError):  # the server dies under the request
+        urllib.request.urlopen(req, timeout=60).read()
+    fired = _wait_firing(router_url, "MoefleetRuntimeOOM", host, 120)
+    runtime = json.loads(on_host(inventory, host, "cat /etc/ansible/facts.d/moefleet_runtime.fact"))
+    recorded = datetime.datetime.fromisoformat(runtime["last"]["time"])
+    active = datetime.datetime.fromisoformat(fired["activeAt"].replace("Z", "+00:00"))
+    took = (active - recorded).total_seconds()
+    print(f"runtime OOM recorded -> alert active: {took:.1f} s (scrape and evaluation every {SCRAPE_S} s)")
+    assert runtime["last"]["state"] == "oom"
+    # node_exporter's next scrape, then the rule's next evaluation (both every SCRAPE_S)
+    assert took <= 2 * SCRAPE_S + 1, took
+
+
+def test_a_stopped_worker_fires_worker_down(routed_lab):
+    """systemctl stop on the canary: its /metrics stops answering and MoefleetWorkerDown fires once the rule's
+    `for` (15 s in the lab) has passed; the other workers' does not."""
+    inventory, router_url = routed_lab
+    host = WORKERS[0]
+    # Back from the OOM's restart first (it may have been down long enough to fire already).
+    _wait_serving(_worker_urls(inventory)[host])
+    deadline = time.monotonic() + 60
+    while _firing(router_url, "MoefleetWorkerDown", host) is not None:
+        assert time.monotonic() < deadline, "MoefleetWorkerDown stays firing for a serving worker"
+        time.sleep(1)
+    on_host(inventory, host, "rm -f /run/systemd/system/sglang.service.d/zz-lab-fault.conf && "
+            "systemctl daemon-reload && systemctl stop sglang.service")
+    stopped = time.monotonic()
+    fired = _wait_firing(router_url, "MoefleetWorkerDown", host, 90)
+    print(f"worker stopped -> MoefleetWorkerDown firing: {time.monotonic() - stopped:.1f} s")
+    assert fired["labels"]["severity"] == "critical"
+    assert all(_firing(router_url, "MoefleetWorkerDown", other) is None for other in WORKERS[1:])
 
 
 def test_uninstall_takes_the_host_out_of_the_router_first(routed_lab):
