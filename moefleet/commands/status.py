@@ -75,8 +75,9 @@ class NoDocument(RuntimeError):
 
 def collect(
     inventory: str | None, limit: str | None = None, secrets: runner.Vault | None = None, probe: bool = False
-) -> list[dict[str, Any]]:
-    """The status document's hosts; runner.BadInput for bad input, NoDocument when the run gave none."""
+) -> dict[str, Any]:
+    """The status document (its hosts, and with Prometheus where it is); runner.BadInput for bad input, NoDocument
+    when the run gave none."""
     with tempfile.TemporaryDirectory(prefix="moefleet-status-") as tmp:
         path = Path(tmp) / "status.json"
         failures = Failures()
@@ -90,8 +91,11 @@ def collect(
             vault=secrets,
         )
         try:
-            return json.loads(path.read_text(encoding="utf-8"))["hosts"]
-        except (OSError, ValueError, KeyError):
+            document = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(document.get("hosts"), list):
+                raise ValueError("no hosts")
+            return document
+        except (OSError, ValueError, AttributeError):
             if failures.first is None and limit and outcome.rc not in (None, 0, 4):
                 raise runner.BadInput(f"--limit {limit}: no host of the inventory matches it.") from None
             why = failures.first or f"{outcome.status}, rc {outcome.rc}"
@@ -108,15 +112,25 @@ def exit_code(hosts: list[dict[str, Any]]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        hosts = collect(args.inventory, getattr(args, "limit", None), vault(args), getattr(args, "probe", False))
+        document = collect(args.inventory, getattr(args, "limit", None), vault(args), getattr(args, "probe", False))
     except runner.BadInput as exc:
         print(f"moefleet status: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except NoDocument as exc:
         print(f"moefleet status: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE if exc.unreachable else EXIT_DRIFT
-    print(json.dumps({"hosts": hosts}, indent=2) if args.json else render_table(hosts) + "\n" + summary(hosts))
+    hosts = document["hosts"]
+    print(json.dumps(document, indent=2) if args.json
+          else render_table(hosts) + "\n" + summary(hosts) + monitoring_note(document.get("monitoring")))
     return exit_code(hosts)
+
+
+def monitoring_note(monitoring: dict[str, Any] | None) -> str:
+    """Where Prometheus and the dashboards are, when the fleet has them (docs/monitoring.md)."""
+    if not monitoring:
+        return ""
+    where = f"; dashboards to import into Grafana: {monitoring['dashboards']}" if monitoring.get("dashboards") else ""
+    return f"\nLive figures from Prometheus at {monitoring['prometheus']}{where}."
 
 
 def state_of(host: dict[str, Any]) -> str:
@@ -177,12 +191,22 @@ def _runtime(host: dict[str, Any]) -> str:
     return f"{host.get('runtime_ooms') or 0} OOM(s), last {utc_text(last.get('time'))} {what}"
 
 
+def _live(figures: dict[str, Any] | None) -> str:
+    """Prometheus's running requests, KV-cache use and TTFT p99 of a host ("-" where it has none)."""
+    if not figures:
+        return "-"
+    running, kv, ttft = (figures.get(k) for k in ("running_requests", "kv_usage", "ttft_p99_seconds"))
+    return " / ".join(("-" if running is None else f"{running:g}", "-" if kv is None else f"{kv:.0%}",
+                       "-" if ttft is None else f"{ttft:.2f} s"))
+
+
 def render_table(hosts: list[dict[str, Any]]) -> str:
     """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unroutable,
     unknown)."""
     routed = any("router" in h for h in hosts)
-    header = ("host", "serving", "asked", "outcome", "health", *(("router",) if routed else ()), "last rollback",
-              "while serving")
+    live = any("live" in h for h in hosts)
+    header = ("host", "serving", "asked", "outcome", "health", *(("router",) if routed else ()),
+              *(("running / KV / TTFT p99",) if live else ()), "last rollback", "while serving")
     body = [
         (
             str(h.get("host")),
@@ -191,6 +215,7 @@ def render_table(hosts: list[dict[str, Any]]) -> str:
             state_of(h),
             h.get("health") or "-",
             *((h.get("router") or "-",) if routed else ()),
+            *((_live(h.get("live")),) if live else ()),
             _rollback(h.get("last_rollback")),
             _runtime(h),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import urllib.parse
 
 import yaml
 from ansible.errors import AnsibleFilterError
@@ -88,20 +89,31 @@ def local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, at
     return host_state.local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now)
 
 
-def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info, router=None, answers=None):
+def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info, router=None, answers=None,
+                 live=None):
     """One host's entry of the status document (schemas/status.schema.json). ``router``, for a fleet with
     routers: ``{'url': the worker's URL as the routers list it, 'answers': the uri results of each router's
     GET /workers}``; the entry's router state is host_state.router_state's answer (none without routers), for the
     model the server says it serves (``served_model_name`` of its /server_info). ``answers``: the sglang_answers
-    result of ``moefleet status --probe`` (none when it did not run)."""
+    result of ``moefleet status --probe`` (none when it did not run). ``live``: the uri results of Prometheus's
+    answers to host_state.LIVE_QUERIES (none without Prometheus): the host's live figures."""
     code = int(health_code) if health_code not in (None, "") else None
     state = None
     if isinstance(router, dict) and router.get("answers"):
         state = host_state.router_state(str(router.get("url")), host_state.router_workers(router["answers"]),
                                         (server_info or {}).get("served_model_name"))
     probe = answers if isinstance(answers, dict) and "passed" in answers else None
+    figures = host_state.live_figures(live).get(host, {}) if live else None
     return host_state.status_entry(host, bool(reachable), local, runtime, unit_state, code, server_info, router=state,
-                                   answers=probe)
+                                   answers=probe, live=figures)
+
+
+def live_query_urls(prometheus):
+    """``{figure: URL}``: Prometheus's instant-query URL of each of host_state.LIVE_QUERIES at the base URL
+    ``prometheus`` (playbooks/status.yml asks them)."""
+    base = str(prometheus).rstrip("/")
+    return {figure: f"{base}/api/v1/query?{urllib.parse.urlencode({'query': q})}"
+            for figure, q in host_state.LIVE_QUERIES.items()}
 
 
 def rollback_summary(attempts, requested, restored=None):
@@ -329,4 +341,5 @@ class FilterModule:
             "model_flags": model_flags,
             "metrics_flags": metrics_flags,
             "scrape_targets": scrape_targets,
+            "live_query_urls": live_query_urls,
         }

@@ -17,6 +17,12 @@ ROUTER_STATES = ("ready", "draining", "out", "unroutable", "unknown")
 # What `moefleet status` says of a host now (its outcome column, the entry's "state"): only "ready" is a host
 # that serves what it was asked.
 HOST_STATES = ("ready", "degraded", "restored", "failed", "down", "unknown")
+# Live figures `moefleet status` shows with Prometheus (playbooks/status.yml asks these, each by host label).
+LIVE_QUERIES = {
+    "running_requests": "sum by (host) (sglang:num_running_reqs)",
+    "kv_usage": "max by (host) (sglang:token_usage)",
+    "ttft_p99_seconds": "histogram_quantile(0.99, sum by (host, le) (rate(sglang:time_to_first_token_seconds_bucket[5m])))",
+}
 
 
 def local_facts(
@@ -53,6 +59,25 @@ def local_facts(
     }
 
 
+def live_figures(answers: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, float | None]]:
+    """``{host: {figure: value}}`` from Prometheus's answers to LIVE_QUERIES (the uri results of playbooks/status.yml,
+    each with ``item.key`` the figure and ``json.data.result`` its vector); a figure Prometheus has no series for is
+    None (NaN, a p99 without requests in the window, too)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for answer in answers or []:
+        figure = (answer.get("item") or {}).get("key")
+        result = ((answer.get("json") or {}).get("data") or {}).get("result") or []
+        for series in result:
+            host = (series.get("metric") or {}).get("host")
+            try:
+                value = float(series["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            if host and figure in LIVE_QUERIES:
+                out.setdefault(host, {})[figure] = None if value != value else value  # NaN
+    return {host: {figure: figures.get(figure) for figure in LIVE_QUERIES} for host, figures in out.items()}
+
+
 def status_entry(
     host: str,
     reachable: bool,
@@ -63,6 +88,7 @@ def status_entry(
     server_info: Mapping[str, Any] | None,
     router: str | None = None,
     answers: Mapping[str, Any] | None = None,
+    live: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One host's line of the status document (playbooks/status.yml; `moefleet status` prints it).
 
@@ -71,7 +97,8 @@ def status_entry(
     parallelism /server_info reports, null when it did not answer. ``router`` (router_state's answer) is
     added only for a fleet with routers. ``answers`` (the correctness gate's result, ``moefleet status --probe``)
     adds ``answers`` (passed, the failed check, its evidence); a server that answers wrongly has the health
-    ``wrong_output``, so it does not count as serving."""
+    ``wrong_output``, so it does not count as serving. ``live`` (live_figures' entry for the host, with Prometheus)
+    adds ``live``: running requests, KV-cache use and TTFT p99 as Prometheus has them."""
     local, runtime = (local or {}, runtime or {}) if reachable else ({}, {})
     unit = unit_state or "unknown"
     if not reachable:
@@ -102,7 +129,8 @@ def status_entry(
         "last_rollback": local.get("last_rollback"),
         "runtime_ooms": int(runtime.get("ooms") or 0),
         "last_runtime_failure": runtime.get("last"),
-    } | ({"router": router} if router is not None else {}) | ({"answers": probed} if probed is not None else {})
+    } | ({"router": router} if router is not None else {}) | ({"answers": probed} if probed is not None else {}) | (
+        {"live": {figure: live.get(figure) for figure in LIVE_QUERIES}} if live is not None else {})
 
 
 def host_outcome(health: str, recorded: str | None, serving: str | None, asked: str | None) -> str:

@@ -481,7 +481,7 @@ def _wait_firing(router_url: str, alert: str, host: str, timeout: float) -> dict
     return fired
 
 
-def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(routed_lab):
+def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(routed_lab, tmp_path):
     """The monitoring playbook on the fleet: every target up (3 workers' SGLang, the gateway, node_exporter on all
     4 hosts, Prometheus and Alertmanager), and every query of every shipped dashboard returns series, with $host a
     worker's name. The canary the failed rollout left on a fallback fires MoefleetServesFallback."""
@@ -516,6 +516,12 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(rout
     # The failed rollout's canary serves a fallback (test 2): the rule says so.
     fallback = _wait_firing(router_url, "MoefleetServesFallback", WORKERS[0], 3 * SCRAPE_S)
     assert fallback["labels"]["outcome"] in ("degraded", "restored"), fallback
+    # moefleet status finds Prometheus (group monitoring) and shows each worker's live figures.
+    document = json.loads((tmp_path / "status.json").read_text()) if _status(inventory, tmp_path) else {}
+    assert document["monitoring"]["prometheus"] == router_url.rsplit(":", 1)[0] + ":9090"
+    assert {h["host"]: set(h["live"]) for h in document["hosts"]} == {
+        w: {"running_requests", "kv_usage", "ttft_p99_seconds"} for w in WORKERS}
+    assert document["hosts"][2]["live"]["running_requests"] is not None
 
 
 def test_a_runtime_oom_fires_its_alert_within_two_scrape_intervals(routed_lab):

@@ -282,3 +282,50 @@ def test_without_probe_nothing_is_asked_and_entries_have_no_answers(monkeypatch,
     assert cli.main(["status", "-i", str(inventory), "--json"]) == 0
     assert "moefleet_status_probe" not in fake.extravars
     assert "answers" not in json.loads(capsys.readouterr().out)["hosts"][0]
+
+
+def prometheus_answers(vectors: dict[str, list[tuple[str, str]]]) -> list[dict]:
+    """status.yml's uri results of host_state.LIVE_QUERIES: {figure: [(host, value as Prometheus writes it)]}."""
+    return [{"item": {"key": figure, "value": "url"}, "json": {"status": "success", "data": {
+        "resultType": "vector", "result": [{"metric": {"host": h}, "value": [1764662400.0, v]} for h, v in series]}}}
+        for figure, series in vectors.items()]
+
+
+class FakeLive(FakeStatus):
+    """status.yml with Prometheus: live figures in each entry, and where Prometheus and the dashboards are."""
+
+    def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None):
+        answers = prometheus_answers({"running_requests": [("lab-1", "3"), ("lab-2", "0")],
+                                      "kv_usage": [("lab-1", "0.412")],
+                                      "ttft_p99_seconds": [("lab-1", "0.8"), ("lab-2", "NaN")]})
+        from ansible_collections.moefleet.serving.plugins.filter.moefleet import status_entry as entry_filter
+        hosts = [entry_filter(h, True, facts("ep8", "ep8", "ready"), {}, "active", 200, {"tp_size": 8}, live=answers)
+                 for h in ("lab-1", "lab-2", "lab-3")]
+        Path(extravars["moefleet_status_path"]).write_text(json.dumps({"hosts": hosts, "monitoring": {
+            "prometheus": "http://10.0.0.10:9090", "dashboards": "gateway-01:/etc/prometheus/moefleet-dashboards"}}))
+        return runner.RunResult("successful", 0)
+
+
+def test_with_prometheus_each_host_shows_its_live_figures_and_where_the_dashboards_are(monkeypatch, inventory,
+                                                                                       capsys):
+    monkeypatch.setattr(runner, "run_playbook", FakeLive(None))
+    assert cli.main(["status", "-i", str(inventory)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "running / KV / TTFT p99" in lines[0]
+    assert "3 / 41% / 0.80 s" in lines[2]
+    assert "0 / - / -" in lines[3]  # no KV series, and a p99 without requests (NaN) is no figure
+    assert lines[4].split()[0] == "lab-3" and " - " in lines[4]  # Prometheus has nothing for it
+    assert lines[-1] == ("Live figures from Prometheus at http://10.0.0.10:9090; dashboards to import into Grafana: "
+                         "gateway-01:/etc/prometheus/moefleet-dashboards.")
+    assert cli.main(["status", "-i", str(inventory), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    jsonschema.validate(document, STATUS_SCHEMA)
+    assert document["hosts"][0]["live"] == {"running_requests": 3.0, "kv_usage": 0.412, "ttft_p99_seconds": 0.8}
+    assert "live" not in json.loads(json.dumps(fleet()[0]))  # without Prometheus: no live figures at all
+
+
+def test_the_live_queries_are_instant_queries_of_the_prometheus_given():
+    from ansible_collections.moefleet.serving.plugins.filter.moefleet import live_query_urls
+    urls = live_query_urls("http://10.0.0.10:9090/")
+    assert set(urls) == {"running_requests", "kv_usage", "ttft_p99_seconds"}
+    assert urls["kv_usage"] == ("http://10.0.0.10:9090/api/v1/query?query=max+by+%28host%29+%28sglang%3Atoken_usage%29")

@@ -1,0 +1,71 @@
+"""Every SGLang metric the alert rules, the Grafana dashboards and `moefleet status` read is one SGLang 0.5.10 exports (the wheel's own
+collectors, tests/oracle/metrics.py), and every SGLang label they group or name series by is one it sets (or a
+label the scrape targets add). A renamed or invented metric would leave a panel empty or a rule silent forever."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from ansible_collections.moefleet.serving.plugins.module_utils.host_state import LIVE_QUERIES
+from metrics import family_of, wheel_families
+
+pytestmark = pytest.mark.oracle
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "roles" / "monitoring_server" / "templates" / "prometheus" / "moefleet.rules.yml.j2"
+DASHBOARDS = sorted((ROOT / "roles" / "monitoring_server" / "files" / "dashboards").glob("*.json"))
+SGLANG_NAME = re.compile(r"\bsglang:[a-zA-Z0-9_:]+")
+# Labels Prometheus's scrape adds (moefleet-targets/*.json and the job), not SGLang's.
+TARGET_LABELS = {"host", "role", "job", "instance", "le"}
+
+
+def queries() -> list[tuple[str, str, str]]:
+    """(where, expression, legend) of every rule and dashboard query, and of `moefleet status`'s live figures."""
+    out = [(f"{RULES.name}: {m.group(1)}", m.group(2), "")
+           for m in re.finditer(r"- alert: (\w+)\n\s+(?:#[^\n]*\n\s+)?expr: (>-\n(?:\s{10}[^\n]*\n)+|[^\n]*)",
+                                RULES.read_text())]
+    out += [(f"moefleet status: {figure}", expr, "") for figure, expr in LIVE_QUERIES.items()]
+    for board in DASHBOARDS:
+        for panel in json.loads(board.read_text())["panels"]:
+            out += [(f"{board.name}: {panel['title']}", t["expr"], t.get("legendFormat", "")) for t in panel["targets"]]
+    return out
+
+
+def problems(wheel: dict) -> list[str]:
+    found = []
+    for where, expr, legend in queries():
+        for name in SGLANG_NAME.findall(expr):
+            family = family_of(name, wheel)
+            if family is None:
+                found.append(f"{where}: {name} is not a metric SGLang 0.5.10 exports")
+                continue
+            known = set(wheel[family]["labels"]) | TARGET_LABELS
+            used = set(re.findall(r"\{\{(\w+)\}\}", legend)) | {
+                label.strip() for group in re.findall(r"by \(([^)]*)\)", expr) for label in group.split(",")}
+            for label in sorted(used - known):
+                found.append(f"{where}: {name} has no label {label} (SGLang's: {sorted(wheel[family]['labels'])})")
+    return found
+
+
+def test_the_rules_and_dashboards_read_sglang_metrics():
+    names = {n for _, expr, _ in queries() for n in SGLANG_NAME.findall(expr)}
+    assert len(names) >= 8, names  # the walk found them: the KV, queue, TTFT, ITL, throughput, token families...
+    assert any(where.startswith(RULES.name) for where, expr, _ in queries() if "sglang:" in expr)
+
+
+def test_every_sglang_metric_and_label_they_use_is_one_the_wheel_exports():
+    assert not problems(wheel_families()), "\n".join(problems(wheel_families()))
+
+
+def test_a_name_the_wheel_does_not_export_is_caught():
+    """The judge can say no: the same check against the wheel without sglang:token_usage, and with a renamed
+    label."""
+    wheel = dict(wheel_families())
+    del wheel["sglang:token_usage"]
+    assert any("sglang:token_usage is not a metric" in p for p in problems(wheel))
+    renamed = {k: (v | {"labels": [lb for lb in v["labels"] if lb != "tp_rank"]} if k == "sglang:cache_hit_rate" else v)
+               for k, v in wheel_families().items()}
+    assert any("has no label tp_rank" in p for p in problems(renamed))
