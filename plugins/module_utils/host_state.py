@@ -21,7 +21,8 @@ HOST_STATES = ("ready", "degraded", "restored", "failed", "down", "unknown")
 LIVE_QUERIES = {
     "running_requests": "sum by (host) (sglang:num_running_reqs)",
     "kv_usage": "max by (host) (sglang:token_usage)",
-    "ttft_p99_seconds": "histogram_quantile(0.99, sum by (host, le) (rate(sglang:time_to_first_token_seconds_bucket[5m])))",
+    "ttft_p99_seconds": ("histogram_quantile(0.99, sum by (host, le) "
+                         "(rate(sglang:time_to_first_token_seconds_bucket[5m])))"),
 }
 
 

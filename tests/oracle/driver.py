@@ -21,7 +21,21 @@ of requests, the output the list of answers, in order:
   ``_get_reasoning_from_request``, taken from ``serving_chat.py``'s source, since importing that module needs
   fastapi). Answer: ``{"message": {"content", "reasoning_content", "tool_calls"}, "finish_reason": type}``.
 
-Only GPU probing is replaced (``gpu.py``): nothing else of SGLang is touched.
+- ``{"op": "metric_families"}``: every Prometheus family SGLang's collectors define (metrics_driver.py):
+  ``{"ok": true, "families": {name: {"type", "help", "labels", "buckets", "multiprocess_mode", "source",
+  "default"}}}``, named as the text format's ``# TYPE`` line names them (a counter with ``_total``).
+- ``{"op": "metrics", "argv": [...], "model_config": {...}, "requests": [{"prompt_tokens", "completion_tokens",
+  "stream"}], "num_pages": n, "accept": [header, ...]}``: what /metrics answers for a server started with argv
+  that served those requests, built by SGLang's own collectors in one process per scheduler and one for the
+  tokenizer (metrics_driver.py). Answer: ``{"ok": true, "schedulers": [{ranks, "enabled", "labels"}],
+  "answers": {accept: {"content_type", "text"}}}``.
+- ``{"op": "auth", "api_key": k, "requests": [[method, path, authorization], ...]}``: utils/auth.py
+  ``decide_request_auth`` for each. Answer: ``{"ok": true, "allowed": [bool, ...]}``.
+- ``{"op": "parse_metrics", "text": exposition, "openmetrics": bool}``: prometheus_client's own parser on it.
+  Answer: ``{"ok": true, "families": {name: {"type", "help", "samples"}}}`` or ``{"ok": false, "error"}``.
+
+Only GPU probing is replaced (``gpu.py``), and for the metrics ops the module that needs CUDA kernels
+(metrics_driver.py says which): nothing else of SGLang is touched.
 """
 
 from __future__ import annotations
@@ -208,7 +222,13 @@ def answer(request: dict) -> dict:
         return server_args(list(request["argv"]), request["model_config"])
     if request.get("op") == "chat":
         return chat(request)
-    return {"ok": False, "error": f"unknown op {request.get('op')!r}; use parse, arguments, server_args or chat"}
+    if request.get("op") in ("metric_families", "metrics", "auth", "parse_metrics"):
+        import metrics_driver
+
+        return {"metric_families": metrics_driver.metric_families, "metrics": metrics_driver.exposition,
+                "auth": metrics_driver.auth, "parse_metrics": metrics_driver.parse}[request["op"]](request)
+    return {"ok": False, "error": f"unknown op {request.get('op')!r}; use parse, arguments, server_args, chat, "
+                                  "metric_families, metrics, auth or parse_metrics"}
 
 
 def main() -> None:

@@ -7,12 +7,14 @@ builds a new one and the same tests judge the new release. It holds ``sglang==<p
 dependencies, plus only what importing ``sglang.srt.server_args`` and its model-config classes needs
 (IMPORT_CHAIN below), at the versions SGLang's own metadata pins where it pins one (transformers,
 openai); PyTorch is the CPU build ``TORCH`` (a CUDA build would pull several GB of CUDA wheels and
-nothing here runs on a GPU).
+nothing here runs on a GPU). A venv that already holds the pinned SGLang and ``TORCH`` but an older
+IMPORT_CHAIN is completed in place (the new distributions installed) rather than built again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -31,6 +33,8 @@ IMPORT_CHAIN = [
     "transformers", "openai", "triton", "compressed-tensors", "gguf", "IPython", "aiohttp", "orjson",
     "pybase64", "requests", "pillow", "starlette", "partial_json_parser", "pyzmq", "dill", "sentencepiece",
     "psutil", "pydantic", "pyyaml",
+    # the metrics collectors (observability/metrics_collector.py) import it when built: tests/oracle/metrics.py
+    "prometheus-client",
 ]
 STAMP = ".oracle-ready"
 
@@ -72,7 +76,10 @@ def _sglang_pins(wheel: Path) -> dict[str, str]:
     """Requirement strings SGLang's wheel gives for the IMPORT_CHAIN distributions (unconditional ones)."""
     with zipfile.ZipFile(wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        lines = zf.read(meta).decode().splitlines()
+        return _pins(zf.read(meta).decode().splitlines())
+
+
+def _pins(lines: list[str]) -> dict[str, str]:
     pins = {}
     for line in lines:
         if line.startswith("Requires-Dist:") and ";" not in line:
@@ -82,11 +89,43 @@ def _sglang_pins(wheel: Path) -> dict[str, str]:
     return pins
 
 
+def _installed(venv_python: Path) -> dict[str, str]:
+    """The venv's installed distributions, name -> version (empty if it has no working python)."""
+    if not venv_python.exists():
+        return {}
+    proc = subprocess.run([str(venv_python), "-c", "import importlib.metadata as m, json; print(json.dumps("
+                           "{d.metadata['Name'].lower().replace('_', '-'): d.version for d in m.distributions()}))"],
+                          text=True, capture_output=True)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+
+def _complete(venv_python: Path, version: str) -> bool:
+    """Install a grown IMPORT_CHAIN into a venv that holds the pinned SGLang and TORCH already; False when the
+    venv is not one (it is then built from nothing)."""
+    have = _installed(venv_python)
+    torch_pin = TORCH.split("==", 1)[1] if "==" in TORCH else None
+    if have.get("sglang") != version or torch_pin is None or have.get("torch", "").split("+")[0] != torch_pin:
+        return False
+    meta = next(cache_dir().glob(f"lib/python*/site-packages/sglang-{version}.dist-info/METADATA"), None)
+    if meta is None:
+        return False
+    pins = _pins(meta.read_text().splitlines())
+    print(f"oracle: completing the SGLang {version} venv at {cache_dir()} (IMPORT_CHAIN changed)")
+    with tempfile.TemporaryDirectory() as tmp:
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(TORCH + "\n")
+        _pip(venv_python, "-c", str(constraints), *[pins.get(n.lower().replace("_", "-"), n) for n in IMPORT_CHAIN])
+    return True
+
+
 def build() -> None:
     version = pinned_version()
     target = cache_dir()
     if ready():
         print(f"oracle: SGLang {version} venv ready at {target}")
+        return
+    if _complete(python(), version):
+        _check_and_stamp(python(), target, version)
         return
     print(f"oracle: building the SGLang {version} venv at {target}")
     shutil.rmtree(target, ignore_errors=True)
@@ -104,6 +143,10 @@ def build() -> None:
         pins = _sglang_pins(wheel)
         chain = [pins.get(name.lower().replace("_", "-"), name) for name in IMPORT_CHAIN]
         _pip(venv_python, "-c", str(constraints), *chain)
+    _check_and_stamp(venv_python, target, version)
+
+
+def _check_and_stamp(venv_python: Path, target: Path, version: str) -> None:
     check = subprocess.run([str(venv_python), str(ROOT / "tests" / "oracle" / "driver.py")], input="[]",
                            text=True, capture_output=True)
     if check.returncode != 0:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Writes moefleet's Grafana dashboards (moefleet-*.json beside this file) from the panel lists below.
 
     python3 roles/monitoring_server/files/dashboards/build.py          rewrite the JSON files

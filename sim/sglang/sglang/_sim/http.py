@@ -17,6 +17,7 @@ from . import chat as C
 from . import throughput as T
 from .clock import WALL_PER_SIM, Clock
 from .logs import emit, line
+from .metrics import Metrics
 
 WORDS = ["the", "model", "answers", "with", "simulated", "tokens", "from", "the", "lab", "while", "the", "real",
          "hardware", "is", "elsewhere", "and", "every", "number", "reported", "here", "follows", "the",
@@ -52,6 +53,12 @@ class State:
         self.generation_tokens_total = 0
         self.requests_total = 0
         self.last_gen_throughput = 0.0
+        # DP ranks (dp_size of them, with or without DP attention) take requests in turn (the DP controller's
+        # round_robin); running requests per DP rank
+        self.dp_running = [0] * max(1, int(args.dp_size or 1))
+        self.dp_next = 0
+        # --enable-metrics: what /metrics reports (metrics.py); set by the server once its ranks run
+        self.metrics: Metrics | None = None
         self.s1, self.agg = T.layout_rates(args.tp_size, args.pp_size, args.ep_size, args.dp_size,
                                            args.enable_dp_attention)
         self.created = int(time.time())
@@ -114,11 +121,45 @@ class Handler(BaseHTTPRequestHandler):
                   503: "Service Unavailable", 405: "Method Not Allowed"}.get(code, "")
         host, port = self.client_address[:2]
         emit(f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" {code} {phrase}')
+        tracked, self._tracked = getattr(self, "_tracked", None), None
+        if tracked is not None:
+            self.state.metrics.http_end(*tracked, code)
 
-    def _send(self, code: int, body, ctype: str = "application/json") -> None:
+    def _track(self, path: str) -> None:
+        """The metrics middleware (utils/common.py add_prometheus_track_response_middleware) sees the request: it
+        runs inside the API-key middleware, so only once the request is let in. Its endpoint is the route's path;
+        the /metrics mount matches every path that starts so."""
+        if self.state.metrics is not None:
+            endpoint = "/metrics" if self._metrics_path(path) else path
+            self._tracked = (endpoint, self.command)
+            self.state.metrics.http_begin(endpoint, self.command)
+
+    def send_response(self, code, message=None):
+        self._status = code
+        super().send_response(code, message)
+
+    def _untrack(self) -> None:
+        """The middleware's `finally`: a request that ended without its access line (the client went away in the
+        middle of a stream) still leaves the active ones, answered with the status it was sent."""
+        tracked, self._tracked = getattr(self, "_tracked", None), None
+        if tracked is not None:
+            self.state.metrics.http_end(*tracked, getattr(self, "_status", None) or 500)
+
+    def _metrics_path(self, path: str) -> bool:
+        """add_prometheus_middleware mounts /metrics with the path regex ^/metrics(?P<path>.*)$ (any method)."""
+        return self.state.metrics is not None and path.startswith("/metrics")
+
+    def _serve_metrics(self) -> None:
+        body, headers = self.state.metrics.render(self.headers.get("Accept"), self.headers.get("Accept-Encoding"))
+        ctype = headers.pop("content-type")
+        self._send(200, body, ctype, headers)
+
+    def _send(self, code: int, body, ctype: str = "application/json", headers: dict | None = None) -> None:
         data = body if isinstance(body, bytes) else (json.dumps(body) if not isinstance(body, str) else body).encode()
         self.send_response(code)
         self.send_header("content-type", ctype)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("content-length", str(len(data)))
         self.send_header(TIME_SCALE_HEADER, repr(self.state.serve_clock.factor / WALL_PER_SIM))
         self.end_headers()
@@ -147,10 +188,21 @@ class Handler(BaseHTTPRequestHandler):
 
     # ----------------------------------------------------------------------------------------
     def do_GET(self):  # noqa: N802
+        self._tracked = self._status = None
+        try:
+            self._get()
+        finally:
+            self._untrack()
+
+    def _get(self):
         if not self._authorized():
             return
         path = self.path.split("?")[0]
         st = self.state
+        self._track(path)
+        if self._metrics_path(path):
+            self._serve_metrics()
+            return
         if path in ("/health", "/health_generate"):
             if st.draining:
                 # http_server.health_generate while gracefully_exit is set
@@ -173,8 +225,6 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [{
                 "id": st.args.served_model_name, "object": "model", "created": st.created, "owned_by": "sglang",
                 "root": st.args.served_model_name, "parent": None, "max_model_len": st.plan.context_len}]})
-        elif path == "/metrics" and st.args.enable_metrics:
-            self._send(200, metrics(st), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/get_load":
             # http_server.get_load: a warning at each call, then the tokenizer manager's per-rank list
             line(st.clock, "", "Endpoint '/get_load' is deprecated and will be removed in a future version. "
@@ -186,10 +236,21 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"detail": "Not Found"})
 
     def do_POST(self):  # noqa: N802
+        self._tracked = self._status = None
+        try:
+            self._post()
+        finally:
+            self._untrack()
+
+    def _post(self):
         if not self._authorized():
             return
         path = self.path.split("?")[0]
         body = self._body()
+        self._track(path)
+        if self._metrics_path(path):
+            self._serve_metrics()
+            return
         if not self.state.ready and path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             pass  # SGLang queues requests that arrive during warm-up; answer after the fact
         if path == "/generate":
@@ -221,17 +282,26 @@ class Handler(BaseHTTPRequestHandler):
             b = st.running
             st.requests_total += 1
             oom = st.runtime_oom_after is not None and st.requests_total > st.runtime_oom_after
+            dp = st.dp_next
+            st.dp_next = (dp + 1) % len(st.dp_running)
+            st.dp_running[dp] += 1
         if oom:  # the scheduler's forward pass fails; the server dies the SIGQUIT way, this request with it
             st.runtime_oom()
             while True:
                 time.sleep(3600)
         clock = st.serve_clock
         speed = T.per_request(b, st.s1, st.agg)
+        start = clock.sim_now()
+        metrics = st.metrics
+        req = metrics.begin(dp, ptoks, start, stream_cb is not None) if metrics else None
+        finished = False
         try:
-            start = clock.sim_now()
-            t = start + ptoks / (5 * st.agg) + 1.0 / speed
+            step = start + ptoks / (5 * st.agg)
+            t = step + 1.0 / speed
             _sleep_to(clock, t)
             done = min(1, len(words))
+            if req and done:
+                metrics.decoded(req, done, t, step, 0, len(words))
             if stream_cb and done:
                 stream_cb(done, words[:done])
             while done < len(words):
@@ -240,17 +310,26 @@ class Handler(BaseHTTPRequestHandler):
                 left = len(words) - done
                 k = min(left, max(1, int(STREAM_WALL_INTERVAL * running / clock.factor * speed))) \
                     if clock.factor > 0 else left
+                step = t
                 t += k / speed
                 _sleep_to(clock, t)
                 done += k
+                if req:
+                    metrics.decoded(req, done, t, step, done - k, len(words))
                 if stream_cb:
                     stream_cb(done, words[done - k:done])
+            finished = True
         finally:
             with st.lock:
                 st.running -= 1
+                st.dp_running[dp] -= 1
                 st.prompt_tokens_total += ptoks
                 st.generation_tokens_total += len(words)
                 st.last_gen_throughput = T.aggregate(b, st.s1, st.agg)
+            if req and finished:
+                metrics.finish(req, len(words), t)
+            elif req:  # the client went away
+                metrics.abort(req)
         return words, finish, ptoks, t - start, speed
 
     def _sse_start(self):
@@ -399,12 +478,12 @@ def _chat_chunk(cid, created, model, delta, finish):
 
 
 def loads(st: State) -> dict:
-    """GET /v1/loads (entrypoints/v1_loads.py): one entry per DP rank and their aggregate. The simulator keeps one
-    count of running requests for the whole server, reported on rank 0."""
+    """GET /v1/loads (entrypoints/v1_loads.py): one entry per DP rank and their aggregate; requests go to the DP
+    ranks in turn."""
     ranks = max(1, int(st.args.dp_size or 1)) if st.args.enable_dp_attention else 1
     entries = []
     for rank in range(ranks):
-        running = st.running if rank == 0 else 0
+        running = st.dp_running[rank] if ranks > 1 else st.running
         entries.append({
             "dp_rank": rank, "num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": 0,
             "max_total_num_tokens": st.plan.max_total_num_tokens, "token_usage": 0.0, "gen_throughput": 0.0,
@@ -442,31 +521,6 @@ def server_info(st: State) -> dict:
     }]
     info["version"] = VERSION
     return info
-
-
-def metrics(st: State) -> str:
-    labels = f'model_name="{st.args.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
-    rows = [
-        ("sglang:num_running_reqs", "gauge", "The number of running requests.", st.running),
-        ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
-        ("sglang:num_used_tokens", "gauge", "The number of used tokens.", 0),
-        ("sglang:token_usage", "gauge", "The token usage.", 0.0),
-        ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", round(st.last_gen_throughput, 2)),
-        ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
-        ("sglang:max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV cache pool.",
-         st.plan.max_total_num_tokens),
-    ]
-    out = []
-    for name, kind, help_, val in rows:
-        out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {val}"]
-    counters = [
-        ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", st.prompt_tokens_total),
-        ("sglang:generation_tokens_total", "Number of generation tokens processed.", st.generation_tokens_total),
-        ("sglang:num_requests_total", "Number of requests processed.", st.requests_total),
-    ]
-    for name, help_, val in counters:
-        out += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name}{{{labels}}} {float(val)}"]
-    return "\n".join(out) + "\n"
 
 
 def make_server(host: str, port: int, state: State) -> ThreadingHTTPServer:

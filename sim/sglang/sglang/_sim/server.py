@@ -26,6 +26,7 @@ from .args import parse_args
 from .clock import Clock
 from .http import State, make_server
 from .logs import emit, line
+from .metrics import Metrics
 from .model import ConfigError, load_config
 from .plan import T_WARMUP, build_plan, default_mem_settings
 
@@ -289,6 +290,8 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
     state.parsers_apply = not any(f["fault"] == "parser_missing" for f in faults)
     tp0_proc = CHILDREN[plan.ranks.index(next(rp for rp in plan.ranks if rp.rank is tp0))]
     state.runtime_oom = lambda: tp0_proc.send_signal(signal.SIGUSR1)  # rank.py: OOM in the forward pass
+    if args.enable_metrics:  # each scheduler's series names its process (pid) where SGLang's do
+        state.metrics = Metrics(args, plan, [p.pid for p in CHILDREN], (state.s1, state.agg))
     _SERVING.append(state)
     emit(f"INFO:     Started server process [{os.getpid()}]")
     emit("INFO:     Waiting for application startup.")
@@ -316,11 +319,18 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
     # warm-up request (http_server._wait_and_warmup)
     clock.sleep_sim(0.5)
     emit(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /model_info HTTP/1.1" 200 OK')
+    warmup = [("/model_info", "GET")]
     if not args.skip_server_warmup:
         line(clock, tp0.log_prefix, "Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, "
                                     "token usage: 0.00, #running-req: 0, #queue-req: 0, ")
         clock.sleep_sim(T_WARMUP)
         emit(f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
+        warmup.append(("/generate", "POST"))
+    if state.metrics is not None:  # the warm-up's requests went through the metrics middleware too
+        for endpoint, method in warmup:
+            state.metrics.http_begin(endpoint, method)
+            state.metrics.http_end(endpoint, method, 200)
+        state.metrics.warmed_up(args.skip_server_warmup)
     state.ready = True
     state.ready_since = time.monotonic()
     line(clock, "", "The server is fired up and ready to roll!")
