@@ -232,3 +232,30 @@ def test_a_dashboard_asks_for_its_datasource_and_every_panel_has_queries(exporte
                                         for t in panel["targets"]), panel["title"]
     for used in {v for v in ("$host",) if v in json.dumps(board["panels"])}:
         assert used[1:] in variables, f"{name} uses {used} without defining it"
+
+
+def test_scrape_targets_follow_each_hosts_settings():
+    """A worker bound to every address is scraped at its ansible_host, one with metrics off is not scraped on its
+    serving port, one running dcgm-exporter gets a dcgm target, an IPv6 address is bracketed, and a host in two
+    groups has one node target."""
+    from ansible_collections.moefleet.serving.plugins.filter.moefleet import scrape_targets
+
+    defaults = {"sglang_service": {"sglang_service_metrics": True, "sglang_service_host": "127.0.0.1",
+                                   "sglang_service_port": 30000},
+                "sglang_router": {"sglang_router_prometheus_port": 29000},
+                "node_metrics": {"node_metrics_port": 9100, "node_metrics_gpu_collector": "nvidia-smi",
+                                 "node_metrics_dcgm_port": 9400}}
+    hostvars = {
+        "w1": {"ansible_host": "10.0.0.1", "sglang_service_host": "0.0.0.0"},
+        "w2": {"ansible_host": "fd00::2", "sglang_service_host": "fd00::2", "node_metrics_gpu_collector": "dcgm"},
+        "w3": {"ansible_host": "10.0.0.3", "sglang_service_metrics": "false"},
+        "w4": {"ansible_host": "10.0.0.4"},
+        "gw": {"ansible_host": "10.0.0.9", "sglang_router_prometheus_port": 29100},
+    }
+    got = scrape_targets(hostvars, ["w1", "w2", "w3", "w4"], ["gw"], ["gw"], defaults)
+    assert [t["targets"][0] for t in got["sglang"]] == ["10.0.0.1:30000", "[fd00::2]:30000", "10.0.0.4:30000"]
+    assert got["unreachable"] == ["w4"]  # bound to the loopback by the role's default
+    assert got["dcgm"] == [{"targets": ["[fd00::2]:9400"], "labels": {"host": "w2", "role": "worker"}}]
+    assert got["smg"] == [{"targets": ["10.0.0.9:29100"], "labels": {"host": "gw", "role": "gateway"}}]
+    assert [(t["labels"]["host"], t["labels"]["role"]) for t in got["node"]] == [
+        ("w1", "worker"), ("w2", "worker"), ("w3", "worker"), ("w4", "worker"), ("gw", "gateway")]
