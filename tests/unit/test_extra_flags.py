@@ -42,7 +42,10 @@ def problems(flags: dict) -> list[str]:
     ({"mem_fraction_statc": 0.8}, "mem_fraction_statc is not a server argument of SGLang 0.5.10 (it would fail at "
                                   "start with 'unrecognized arguments'). Did you mean mem_fraction_static?"),
     ({"enable-metrics": True}, "is not a server argument of SGLang 0.5.10"),
-    ({"enable_metrics": "yes"}, "enable_metrics: 'yes' is not true or false; enable_metrics is a switch"),
+    ({"enable_mixed_chunk": "yes"}, "enable_mixed_chunk: 'yes' is not true or false; enable_mixed_chunk is a switch"),
+    ({"enable_metrics": True}, "enable_metrics is set by the role; set sglang_service_metrics instead."),
+    ({"enable_metrics_for_all_schedulers": True}, "enable_metrics_for_all_schedulers is set by the role; set "
+                                                  "sglang_service_metrics (it adds this flag with DP attention)"),
     ({"max_running_requests": 0}, "0 is out of range; give max_running_requests a whole number from 1 to 65536."),
     ({"max_running_requests": 1.5}, "1.5 is not a whole number"),
     ({"max_running_requests": True}, "max_running_requests takes a whole number, not true."),
@@ -62,7 +65,7 @@ def test_a_flag_sglang_would_refuse_or_that_breaks_the_layout_is_refused(flags, 
     EXAMPLE["sglang_service_extra_flags"],  # the example inventory's: trust_remote_code
     {"mem_fraction_static": 0.85, "max_prefill_tokens": 16384, "kv_cache_dtype": "fp8_e4m3"},
     {"max_prefill_tokens": "16k", "max_total_tokens": "1Mi"},  # SGLang's human_readable_int
-    {"cuda_graph_bs": [1, 2, 4, 8], "enable_metrics": True, "enable_metrics_for_all_schedulers": False},
+    {"cuda_graph_bs": [1, 2, 4, 8], "enable_mixed_chunk": True, "disable_radix_cache": False},
     {"json_model_override_args": {"rope_scaling": {"factor": 2}}, "chunked_prefill_size": -1},
     {"disable_cuda_graph": None, "attention_backend": "flashinfer", "watchdog_timeout": 600},
 ])
