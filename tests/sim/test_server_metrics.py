@@ -215,6 +215,11 @@ def test_which_schedulers_report(lab, flags, expected):
         [sorted([*SCHEDULER_LABELS, *(["dp_rank"] if "dp_rank" in expected[0] else []), "pid"])] * len(expected)
     assert len(series(families, "sglang:routing_key_all_req_count")) == 11 * len(expected)
     assert len(series(families, "sglang:cache_config_info")) == 1
+    # /server_info reports both switches as SGLang's does (every ServerArgs field): the readiness check compares
+    # the unit's metrics flags with it, and a field left out is a start that never counts as ready (ep8dpa's)
+    info = json.loads(srv.get("/server_info")[1])
+    assert (info["enable_metrics"], info["enable_metrics_for_all_schedulers"]) == (
+        True, "--enable-metrics-for-all-schedulers" in flags)
 
 
 def test_dp_ranks_take_requests_in_turn(lab):

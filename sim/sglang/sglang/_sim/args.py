@@ -185,7 +185,8 @@ SERVER_INFO_FIELDS = [
     "dp_size", "enable_dp_attention", "enable_dp_lm_head", "mem_fraction_static", "context_length",
     "chunked_prefill_size", "max_prefill_tokens", "cuda_graph_max_bs", "cuda_graph_bs", "disable_cuda_graph",
     "max_running_requests", "max_total_tokens", "kv_cache_dtype", "quantization", "dtype", "trust_remote_code",
-    "tool_call_parser", "reasoning_parser", "enable_metrics", "watchdog_timeout", "log_level", "page_size",
+    "tool_call_parser", "reasoning_parser", "enable_metrics", "enable_metrics_for_all_schedulers", "watchdog_timeout",
+    "log_level", "page_size",
     "moe_a2a_backend", "attention_backend", "random_seed", "base_gpu_id", "nnodes", "node_rank",
     "disable_custom_all_reduce", "load_format", "stream_interval", "sampling_defaults",
 ]
