@@ -15,7 +15,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -34,8 +33,6 @@ EXTRA_LABELS = {"scheduler": {"dp_rank", "priority"}, "tokenizer": {"priority"}}
 # multiprocess modes whose series carry the writing process's pid (prometheus_client multiprocess.py)
 PID_MODES = {"all", "liveall"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?')
 
 
 @functools.cache
@@ -61,31 +58,6 @@ def family_of(sample: str, families: dict | None = None) -> str | None:
         if sample.endswith(suffix) and families.get(base, {}).get("type") in ("histogram", "summary"):
             return base
     return None
-
-
-def parse(text: str) -> dict[str, dict]:
-    """The text format (0.0.4, or OpenMetrics for what both share) as {family: {"type", "help", "samples":
-    [(name, {label: value}, float)]}}; a line it cannot read fails."""
-    families: dict[str, dict] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name, _, help_ = line[7:].partition(" ")
-            current = families.setdefault(name, {"type": None, "help": None, "samples": []})
-            current["help"] = help_.replace("\\n", "\n").replace("\\\\", "\\")
-        elif line.startswith("# TYPE "):
-            name, _, kind = line[7:].partition(" ")
-            families[name]["type"] = kind
-        elif line == "# EOF":
-            continue
-        else:
-            match = SAMPLE.match(line)
-            assert match and current is not None, f"not a sample line: {line!r}"
-            name, labels, value = match.groups()
-            pairs = LABEL.findall(labels or "")
-            assert ",".join(f'{k}="{v}"' for k, v in pairs) == (labels or ""), f"bad labels: {line!r}"
-            current["samples"].append((name, dict(pairs), float(value)))
-    return families
 
 
 def compare_families(families: dict[str, dict], wheel: dict[str, dict] | None = None) -> list[str]:

@@ -13,7 +13,8 @@ import json
 
 import oracle
 import pytest
-from metrics import compare_expositions, compare_families, family_of, parse, simulator, wheel_families
+from exposition import parse
+from metrics import compare_expositions, compare_families, family_of, simulator, wheel_families
 
 NAME = "kimi-k2.6"
 BASE = ["--model-path", "model", "--enable-metrics", "--served-model-name", NAME]

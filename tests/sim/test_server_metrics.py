@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 import socket
 import threading
 import time
@@ -15,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from exposition import parse
 
 TP8 = ("--tp-size", "8", "--mem-fraction-static", "0.8")
 EP8DPA = ("--tp-size", "8", "--ep-size", "8", "--dp-size", "8", "--enable-dp-attention", "--mem-fraction-static",
@@ -25,35 +25,8 @@ PLAIN = "text/plain; version=0.0.4; charset=utf-8"
 # Requests decode at this time scale (start-up stays at the lab's 0.05): a 1000-token request lasts seconds
 SLOW = {"SGLANG_SIM_SERVE_TIME_SCALE": "5.0"}
 LONG = {"text": "a long answer", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?')
 
 
-# --- a small parser of the text format (prometheus_client is not in the dev venv) ------------------------------
-
-def parse(text: str) -> dict[str, dict]:
-    """{family: {"type", "help", "samples": [(name, {label: value}, float)]}}; fails on a line it cannot read."""
-    families: dict[str, dict] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name, _, help_ = line[7:].partition(" ")
-            current = families.setdefault(name, {"type": None, "help": None, "samples": []})
-            current["help"] = help_
-        elif line.startswith("# TYPE "):
-            name, _, kind = line[7:].partition(" ")
-            assert name in families, f"TYPE before HELP: {line}"
-            families[name]["type"] = kind
-        elif line == "# EOF":
-            continue
-        else:
-            match = SAMPLE.match(line)
-            assert match and current is not None, f"not a sample line: {line!r}"
-            name, labels, value = match.groups()
-            pairs = LABEL.findall(labels or "")
-            assert ",".join(f'{k}="{v}"' for k, v in pairs) == (labels or ""), f"bad labels: {line!r}"
-            current["samples"].append((name, dict(pairs), float(value)))
-    return families
 
 
 def value(families: dict, sample: str, **labels) -> float:
