@@ -293,7 +293,7 @@ def scrape_targets(hostvars, workers, routers, monitoring, defaults):
     workers, routers, monitoring = list(workers or []), list(routers or []), list(monitoring or [])
     out = {job: [] for job in SCRAPE_JOBS} | {"unreachable": []}
     for host in workers:
-        if _boolean(var(host, "sglang_service", "sglang_service_metrics")):
+        if playbook_inputs.parse_bool(var(host, "sglang_service", "sglang_service_metrics")):
             bound = str(var(host, "sglang_service", "sglang_service_host")).strip("[]")
             if bound in _LOOPBACKS:
                 out["unreachable"].append(host)
@@ -311,10 +311,6 @@ def scrape_targets(hostvars, workers, routers, monitoring, defaults):
                 seen.add(host)
                 out["node"].append(entry(host, role, reach(host), var(host, "node_metrics", "node_metrics_port")))
     return out
-
-
-def _boolean(value):
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 class FilterModule:

@@ -518,7 +518,8 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(rout
     fallback = _wait_firing(router_url, "MoefleetServesFallback", WORKERS[0], 3 * SCRAPE_S)
     assert fallback["labels"]["outcome"] in ("degraded", "restored"), fallback
     # moefleet status finds Prometheus (group monitoring) and shows each worker's live figures.
-    document = json.loads((tmp_path / "status.json").read_text()) if _status(inventory, tmp_path) else {}
+    _status(inventory, tmp_path)  # runs the status playbook, validates its document against the schema
+    document = json.loads((tmp_path / "status.json").read_text())
     assert document["monitoring"]["prometheus"] == router_url.rsplit(":", 1)[0] + ":9090"
     assert {h["host"]: set(h["live"]) for h in document["hosts"]} == {
         w: {"running_requests", "kv_usage", "ttft_p99_seconds"} for w in WORKERS}
