@@ -223,9 +223,10 @@ def run_playbook(
     limit: str | None = None,
     vault: Vault | None = None,
     skip_tags: str | None = None,
+    check: bool = False,
 ) -> RunResult:
     """Run playbooks/<name> on the inventory and return how it ended; BadInput before anything runs. skip_tags is
-    ansible-playbook's --skip-tags."""
+    ansible-playbook's --skip-tags; check its --check."""
     import ansible_runner
 
     playbook = playbook_path(name)
@@ -257,7 +258,7 @@ def run_playbook(
                 skip_tags=skip_tags,
                 extravars=dict(extravars or {}),
                 envvars=envvars,
-                cmdline=vault.cmdline(),
+                cmdline=" ".join(filter(None, [vault.cmdline(), "--check" if check else None])) or None,
                 passwords=vault.passwords(),
                 event_handler=handle,
                 cancel_callback=interrupt.cancel,

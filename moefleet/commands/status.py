@@ -150,6 +150,10 @@ def _drift(host: dict[str, Any]) -> str:
         return f"{name} unreachable"
     if state == "unknown":
         return f"{name} has no moefleet facts (never deployed by moefleet?)"
+    if state == "unhealthy":
+        fault = host.get("fault") or {}
+        return (f"{name} is unhealthy since {utc_text(fault.get('since'))} ({fault.get('reason')}): "
+                + ("it needs hardware attention" if fault.get("state") == "hardware" else "run moefleet remediate"))
     if state in ("restored", "degraded"):
         return f"{name} {state} to {serving or 'nothing'} (asked {asked})"
     if state == "failed":
@@ -200,6 +204,14 @@ def _live(figures: dict[str, Any] | None) -> str:
                        "-" if ttft is None else f"{ttft:.2f} s"))
 
 
+def _outcome(host: dict[str, Any]) -> str:
+    """The outcome column: the state, and for an unhealthy host why ("unhealthy (gpu 3: Xid 79 ...)")."""
+    fault = host.get("fault")
+    if state_of(host) == "unhealthy" and isinstance(fault, dict):
+        return f"unhealthy ({fault.get('reason') or fault.get('state')})"
+    return state_of(host)
+
+
 def render_table(hosts: list[dict[str, Any]]) -> str:
     """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unroutable,
     unknown)."""
@@ -212,7 +224,7 @@ def render_table(hosts: list[dict[str, Any]]) -> str:
             str(h.get("host")),
             h.get("serving_profile") or "-",
             h.get("asked_profile") or "-",
-            state_of(h),
+            _outcome(h),
             h.get("health") or "-",
             *((h.get("router") or "-",) if routed else ()),
             *((_live(h.get("live")),) if live else ()),

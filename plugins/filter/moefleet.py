@@ -90,13 +90,14 @@ def local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, at
 
 
 def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info, router=None, answers=None,
-                 live=None):
+                 live=None, fault=None):
     """One host's entry of the status document (schemas/status.schema.json). ``router``, for a fleet with
     routers: ``{'url': the worker's URL as the routers list it, 'answers': the uri results of each router's
     GET /workers}``; the entry's router state is host_state.router_state's answer (none without routers), for the
     model the server says it serves (``served_model_name`` of its /server_info). ``answers``: the sglang_answers
     result of ``moefleet status --probe`` (none when it did not run). ``live``: the uri results of Prometheus's
-    answers to host_state.LIVE_QUERIES (none without Prometheus): the host's live figures."""
+    answers to host_state.LIVE_QUERIES (none without Prometheus): the host's live figures. ``fault``: the fault
+    watcher's record (ansible_local.moefleet_health)."""
     code = int(health_code) if health_code not in (None, "") else None
     state = None
     if isinstance(router, dict) and router.get("answers"):
@@ -105,7 +106,7 @@ def status_entry(host, reachable, local, runtime, unit_state, health_code, serve
     probe = answers if isinstance(answers, dict) and "passed" in answers else None
     figures = host_state.live_figures(live).get(host, {}) if live else None
     return host_state.status_entry(host, bool(reachable), local, runtime, unit_state, code, server_info, router=state,
-                                   answers=probe, live=figures)
+                                   answers=probe, live=figures, fault=fault if isinstance(fault, dict) else None)
 
 
 def live_query_urls(prometheus):

@@ -90,6 +90,7 @@ def status_entry(
     router: str | None = None,
     answers: Mapping[str, Any] | None = None,
     live: Mapping[str, Any] | None = None,
+    fault: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One host's line of the status document (playbooks/status.yml; `moefleet status` prints it).
 
@@ -99,7 +100,9 @@ def status_entry(
     added only for a fleet with routers. ``answers`` (the correctness gate's result, ``moefleet status --probe``)
     adds ``answers`` (passed, the failed check, its evidence); a server that answers wrongly has the health
     ``wrong_output``, so it does not count as serving. ``live`` (live_figures' entry for the host, with Prometheus)
-    adds ``live``: running requests, KV-cache use and TTFT p99 as Prometheus has them."""
+    adds ``live``: running requests, KV-cache use and TTFT p99 as Prometheus has them. ``fault`` (the fault watcher's
+    record, ansible_local.moefleet_health): a host it found unfit (or that needs hardware attention) has the state
+    ``unhealthy`` and a ``fault`` entry (its state, the reason, since when), whatever else it reports."""
     local, runtime = (local or {}, runtime or {}) if reachable else ({}, {})
     unit = unit_state or "unknown"
     if not reachable:
@@ -117,10 +120,14 @@ def status_entry(
         if health == "serving" and not probed["passed"]:
             health = "wrong_output"
     info = server_info or {}
+    unfit = None
+    if reachable and (fault or {}).get("state") in ("unfit", "hardware"):
+        unfit = {"state": fault["state"], "reason": fault.get("reason"), "since": fault.get("since")}
     return {
         "host": host,
         "health": health,
-        "state": host_outcome(health, local.get("outcome"), local.get("serving_profile"), local.get("asked_profile")),
+        "state": "unhealthy" if unfit else host_outcome(health, local.get("outcome"), local.get("serving_profile"),
+                                                         local.get("asked_profile")),
         "unit": unit,
         "serving_profile": local.get("serving_profile"),
         "asked_profile": local.get("asked_profile"),
@@ -131,7 +138,8 @@ def status_entry(
         "runtime_ooms": int(runtime.get("ooms") or 0),
         "last_runtime_failure": runtime.get("last"),
     } | ({"router": router} if router is not None else {}) | ({"answers": probed} if probed is not None else {}) | (
-        {"live": {figure: live.get(figure) for figure in LIVE_QUERIES}} if live is not None else {})
+        {"live": {figure: live.get(figure) for figure in LIVE_QUERIES}} if live is not None else {}) | (
+        {"fault": unfit} if unfit else {})
 
 
 def host_outcome(health: str, recorded: str | None, serving: str | None, asked: str | None) -> str:

@@ -16,6 +16,10 @@
                                        --installed starts the workers from the installed-base image
     lab.py reboot HOST                 reboot lab host HOST (e.g. lab-1): the container restarts, systemd boots
                                        again with a new /dev, and only the host's own units set it up again
+    lab.py fault HOST xid79 [--gpu N]  GPU N (default 0) of HOST falls off the bus: the kernel's lines go to its journal
+                                       and the simulated nvidia-smi and SGLang find the GPU lost until HOST reboots
+    lab.py fault HOST hang             every NCCL collective on HOST hangs (until it reboots): SGLang stops making
+                                       progress, with no error
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
     lab.py status                      list the lab's containers and addresses
     lab.py ssh-config [--inventory P]  print the path of the ssh_config written for that inventory's hosts
@@ -322,6 +326,8 @@ def run_host(name: str, lab: str, tag: str, release: str) -> None:
            "--label", f"moefleet.suite-job={os.environ.get('MOEFLEET_SUITE_JOB', '')}",
            "--label", f"moefleet.os={release}", "--label", f"moefleet.ip={ip}",
            "--network", NETWORK, "--ip", ip, "--mac-address", static_mac(ip), "--systemd", "always", *host_options(),
+           # a host that reboots itself (ansible.builtin.reboot: systemd ends the container) comes back, as a machine does
+           "--restart", "always",
            "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)
 
 
@@ -399,6 +405,41 @@ def reboot(host: str, timeout: float = 120) -> None:
     failed = podman("exec", name, "systemctl", "--failed", "--no-legend", "--plain", check=False).stdout.strip()
     log(f"rebooted {host} in {time.monotonic() - started:.1f} s (systemd: {state})"
         + (f"; failed units:\n{failed}" if failed else ""))
+
+
+# The kernel's lines for a GPU that falls off the bus, as the NVIDIA driver writes them (docs/healing.md quotes
+# public logs); written to the host's journal under the identifier "kernel" by root (a container has no kernel log
+# of its own; the fault watcher trusts kernel lines from the kernel or from root).
+XID79_LINES = ("NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+               "NVRM: GPU 0000:{bus}:00.0: GPU has fallen off the bus.")
+INJECT_XID79 = """
+import json, os, subprocess, sys
+os.makedirs("/run/sim-gpu", mode=0o755, exist_ok=True)
+path = "/run/sim-gpu/lost.json"
+try:
+    lost = set(json.load(open(path)))
+except (OSError, ValueError):
+    lost = set()
+lost.add(int(sys.argv[1]))
+json.dump(sorted(lost), open(path, "w"))
+subprocess.run(["systemd-cat", "-t", "kernel", "-p", "err"], input=sys.argv[2], text=True, check=True)
+"""
+SIM_BUS_IDS = ["01", "21", "41", "61", "81", "a1", "c1", "e1"]  # sim/gpu/nvidia-smi's
+
+
+def inject_fault(host: str, fault: str, gpu: int = 0) -> None:
+    """Test equipment: a hardware fault on a lab host, cleared by its next reboot (/run/sim-gpu is on tmpfs)."""
+    name = host if host.startswith(f"{PREFIX}-") else f"{PREFIX}-{host}"
+    if name not in lab_containers():
+        raise SystemExit(f"lab: no lab host {host}; `lab.py status` lists them")
+    if fault == "xid79":
+        lines = "".join(line.format(bus=SIM_BUS_IDS[gpu % 8]) + "\n" for line in XID79_LINES)
+        podman("exec", name, "python3", "-c", INJECT_XID79, str(int(gpu)), lines)
+    elif fault == "hang":
+        podman("exec", name, "sh", "-c", "mkdir -p /run/sim-gpu && touch /run/sim-gpu/nccl-hang")
+    else:
+        raise SystemExit(f"lab: unknown fault {fault!r} (xid79, hang)")
+    log(f"injected {fault} on {host}" + (f" (GPU {gpu})" if fault == "xid79" else ""))
 
 
 def ensure_mirror(tag: str) -> str:
@@ -692,6 +733,10 @@ def main() -> None:
     down_p.add_argument("--inventory", type=Path, default=INVENTORY)
     reboot_p = sub.add_parser("reboot", help="reboot a lab host: container restarted, systemd boots again")
     reboot_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
+    fault_p = sub.add_parser("fault", help="inject a hardware fault on a lab host (cleared by its next reboot)")
+    fault_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
+    fault_p.add_argument("fault", choices=["xid79", "hang"])
+    fault_p.add_argument("--gpu", type=int, default=0, help="the GPU that falls off the bus (xid79)")
     sub.add_parser("status")
     ssh_p = sub.add_parser("ssh-config", help="print the path of the ssh_config for an inventory's hosts")
     ssh_p.add_argument("--inventory", type=Path, default=INVENTORY)
@@ -712,6 +757,8 @@ def main() -> None:
         down(None if args.all else args.name, args.inventory.resolve())
     elif args.cmd == "reboot":
         reboot(args.host)
+    elif args.cmd == "fault":
+        inject_fault(args.host, args.fault, args.gpu)
     else:
         status()
 

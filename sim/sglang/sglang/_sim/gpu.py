@@ -40,6 +40,26 @@ def state_dir() -> str:
     return os.environ.get("SIM_GPU_STATE_DIR", "/dev/shm/sim-gpu/procs")
 
 
+def run_dir() -> str:
+    """The GPUs' runtime state that a reboot clears (tmpfs /run): which GPUs fell off the bus, whether NCCL hangs.
+    Written by the lab's fault injection (sim/lab/lab.py fault), read by nvidia-smi and the simulated server."""
+    return os.environ.get("SIM_GPU_RUN_DIR", "/run/sim-gpu")
+
+
+def lost_gpus() -> set[int]:
+    """Indices of the GPUs that fell off the bus (Xid 79) since the host booted."""
+    try:
+        with open(os.path.join(run_dir(), "lost.json"), encoding="utf-8") as fh:
+            return {int(i) for i in json.load(fh)}
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
+def nccl_hung() -> bool:
+    """Every collective hangs (what P2P routed through the IOMMU does): ranks stop advancing, no error."""
+    return os.path.exists(os.path.join(run_dir(), "nccl-hang"))
+
+
 def load_spec() -> dict:
     spec = dict(DEFAULT_SPEC)
     try:

@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import tempfile
 
+from . import gpu as G
 from . import tracebacks as TB
 
 FLASHINFER_VERSION = "0.6.7.post2"  # sglang-0.5.10 METADATA: flashinfer_python==0.6.7.post2
@@ -77,6 +78,8 @@ def cuda_init(gpu_index: int, visible: list[int]) -> None:
     if not _node_opens(os.path.join(d, "nvidiactl")):
         raise HostDenied(TB.cuda_no_gpus())
     if not _node_opens(os.path.join(d, "nvidia-uvm")):
+        raise HostDenied(TB.cuda_unknown_error())
+    if G.lost_gpus() & set(visible):  # a GPU that fell off the bus fails cuInit until the host reboots
         raise HostDenied(TB.cuda_unknown_error())
     usable = [g for g in visible if _node_opens(os.path.join(d, f"nvidia{g}"))]
     if not usable:

@@ -14,6 +14,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import chat as C
+from . import gpu as G
 from . import throughput as T
 from .clock import WALL_PER_SIM, Clock
 from .logs import emit, line
@@ -36,6 +37,15 @@ SERVE_TIME_SCALE_ENV = "SGLANG_SIM_SERVE_TIME_SCALE"
 # Response header naming the time scale requests decode at, so the simulated bench_serving reports simulated
 # seconds on the server's scale whatever its own environment says (real clients ignore it).
 TIME_SCALE_HEADER = "x-sglang-sim-time-scale"
+# http_server.HEALTH_CHECK_TIMEOUT: /health's one-token request may take this long before it answers 503
+HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+
+
+def hang_while_nccl_hangs() -> None:
+    """A collective that never completes (sim/lab/lab.py fault HOST hang): the batch stops where it is, no error,
+    until the processes are killed."""
+    while G.nccl_hung():
+        time.sleep(0.5)
 
 
 class State:
@@ -75,6 +85,8 @@ class State:
         # When the server became ready (time.monotonic()): TokenizerManager's SIGTERM watchdog, started with the
         # first request, looks every 5 s from about then.
         self.ready_since = 0.0
+        # When a batch last produced output (TokenizerManager.last_receive_tstamp, which /health's message reports)
+        self.last_output = 0.0
 
 
 def serve_clock() -> Clock:
@@ -208,6 +220,14 @@ class Handler(BaseHTTPRequestHandler):
                 # http_server.health_generate while gracefully_exit is set
                 line(st.clock, "", "Health check request received during shutdown. Returning 503.")
                 self._send(503, b"", "text/plain")
+            elif st.ready and G.nccl_hung():
+                # health_generate: its one-token request gets no output within HEALTH_CHECK_TIMEOUT
+                tic = time.time()
+                time.sleep(HEALTH_CHECK_TIMEOUT)
+                line(st.clock, "", "Health check failed. Server couldn't get a response from detokenizer for last "
+                     f"{HEALTH_CHECK_TIMEOUT} seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. "
+                     f"last_heartbeat time: {time.strftime('%H:%M:%S', time.localtime(st.last_output or tic))}")
+                self._send(503, b"", "text/plain")
             elif st.ready:
                 self._send(200, b"", "text/plain")
             else:
@@ -296,6 +316,7 @@ class Handler(BaseHTTPRequestHandler):
         req = metrics.begin(dp, ptoks, start, stream_cb is not None) if metrics else None
         finished = False
         try:
+            hang_while_nccl_hangs()
             step = start + ptoks / (5 * st.agg)
             t = step + 1.0 / speed
             _sleep_to(clock, t)
@@ -305,6 +326,8 @@ class Handler(BaseHTTPRequestHandler):
             if stream_cb and done:
                 stream_cb(done, words[:done])
             while done < len(words):
+                hang_while_nccl_hangs()
+                st.last_output = time.time()
                 running = st.running
                 speed = T.per_request(running, st.s1, st.agg)
                 left = len(words) - done

@@ -141,8 +141,11 @@ def main() -> None:
             os.write(ready_fd, b"2")
             os.close(ready_fd)
             ready_fd = -1
-    while True:
-        time.sleep(3600)
+    # Serving: the next kernel launch on a GPU that fell off the bus fails (sim/lab/lab.py fault HOST xid79)
+    physical = visible[job["gpu"]] if job["gpu"] < len(visible) else job["gpu"]
+    while physical not in G.lost_gpus():
+        time.sleep(0.2)
+    fail(clock, prefix, parent, TB.gpu_lost_forward())
 
 
 if __name__ == "__main__":

@@ -146,6 +146,18 @@ def oom_forward(message: str) -> str:
     return _frames(_SERVING) + f"\ntorch.OutOfMemoryError: {message}"
 
 
+def gpu_lost_forward() -> str:
+    """A kernel launch on a GPU that fell off the bus while serving (Xid 79): the CUDA error PyTorch raises in the
+    forward pass."""
+    return _frames(_SERVING) + (
+        "\ntorch.AcceleratorError: CUDA error: unspecified launch failure\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+        "might be incorrect.\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+    )
+
+
 _DIST_INIT = _HEAD + [
     ("srt/model_executor/model_runner.py", 300, "initialize", "min_per_gpu_memory = self.init_torch_distributed()"),
 ]

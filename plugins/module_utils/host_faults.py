@@ -1,0 +1,191 @@
+"""What a serving host's journal says about its GPUs, PCIe links and SGLang while it serves: the fault watcher's
+(roles/fault_watch, files/moefleet-fault-watch) event table, also read by `moefleet diagnose` for a kernel journal
+excerpt and by the status and remediation plays for the host's health facts.
+
+Pure standard library, no I/O. Sources (docs/healing.md has the table with links): NVIDIA's "Xid Errors" catalog
+(docs.nvidia.com/deploy/xid-errors), the kernel's PCIe AER and pciehp messages, SGLang 0.5.10's health check
+(entrypoints/http_server.py: /health sends a one-token request and answers 503 when no output arrives within
+SGLANG_HEALTH_CHECK_TIMEOUT, 20 s) and PyTorch's NCCL watchdog.
+
+An event is a dict: ``kind`` (xid, fell_off_bus, pcie_fatal, link_down, nccl_timeout, hang), ``code`` (the Xid, or
+null), ``pci`` (the device's PCI address as the kernel wrote it, or null), ``meaning``, ``unfit`` (the host's GPUs
+are not trustworthy until it reboots: it is taken out of the routers and SGLang is stopped) and ``advice``.
+
+Public API:
+
+    XID: {code: (meaning, unfit, advice)}
+    classify_kernel(message) -> dict | None      one kernel message (journal MESSAGE, without its prefix)
+    classify_service(message) -> dict | None     one line of sglang.service's output
+    hang_event(seconds, health_url) -> dict      the serving process made no progress for that long
+    scan(text) -> list[dict]                     every event in a pasted journal excerpt (any journalctl format)
+    same_fault(earlier, event) -> bool           the event repeats one of `earlier` (the driver's second line)
+    reason(event, gpus=None) -> str              "gpu 3: Xid 79 GPU has fallen off the bus"
+    gpu_index(pci, gpus) -> int | None           the nvidia-smi index of a kernel PCI address
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+REBOOT = "Reboot the host (moefleet remediate); if it returns, the GPU or its slot, riser or power needs service."
+RESTART = "SGLang restarts by itself; repeated, it points at the model's kernels or the driver."
+RECORD = "Recorded only; watch for more."
+
+# Xid: NVIDIA's meaning, whether the host is unfit to serve until it reboots, and what to do. Codes that NVIDIA
+# documents as application errors (13, 31, 43) end the SGLang process that hit them (systemd restarts it); codes
+# after which the GPU needs a reset, or that mean the GPU, its memory or its firmware failed, make the host unfit
+# (a GPU reset needs every process off it; with eight GPUs serving one model, a reboot is what moefleet does).
+XID: dict[int, tuple[str, bool, str]] = {
+    8: ("GPU stopped processing (a timeout; on Blackwell often the GSP watchdog)", True, REBOOT),
+    13: ("Graphics engine exception (usually an application error)", False, RESTART),
+    31: ("GPU memory page fault (usually an application error)", False, RESTART),
+    32: ("Invalid or corrupted push buffer stream", True, REBOOT),
+    43: ("GPU stopped processing: the channel was reset (usually an application error)", False, RESTART),
+    45: ("Preemptive cleanup after an earlier error", False, RECORD),
+    48: ("Double-bit ECC error", True, REBOOT),
+    61: ("Internal micro-controller breakpoint or warning", False, RECORD),
+    62: ("Internal micro-controller halt", True, REBOOT),
+    63: ("ECC page retirement or row remapping recorded", False, RECORD),
+    64: ("ECC page retirement or row remapping failed", True, REBOOT),
+    74: ("NVLink error", True, REBOOT),
+    79: ("GPU has fallen off the bus", True, REBOOT),
+    92: ("High single-bit ECC error rate", False, RECORD),
+    94: ("Contained ECC error (the application that hit it ends)", False, RESTART),
+    95: ("Uncontained ECC error", True, REBOOT),
+    119: ("GSP RPC timeout", True, REBOOT),
+    120: ("GSP error", True, REBOOT),
+    140: ("Unrecovered ECC error", True, REBOOT),
+    154: ("GPU recovery action changed (the driver asks for a reset or reboot)", True, REBOOT),
+}
+
+# NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)(?:, (?P<rest>.*))?")
+# NVRM: GPU 0000:41:00.0: GPU has fallen off the bus.   /   NVRM: The NVIDIA GPU 0000:41:00.0 ... fallen off the bus
+_OFF_BUS = re.compile(r"NVRM: .*?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]).*fallen off the bus")
+# pcieport 0000:40:01.1: AER: Uncorrectable (Fatal) error message received from 0000:41:00.0
+# pcieport 0000:40:01.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)
+_AER_FATAL = re.compile(r"(?:AER: (?:Multiple )?Uncorrect(?:ed|able) \(Fatal\)|severity=Uncorrect(?:ed|able) \(Fatal\))")
+_BDF = re.compile(r"\b(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\b")
+# pcieport 0000:40:01.1: pciehp: Slot(1): Link Down   /   ... Surprise Down Error
+_LINK_DOWN = re.compile(r"pciehp: Slot\(.*\): Link Down|Surprise (?:Link )?Down")
+# PyTorch's NCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=..., OpType=ALLREDUCE,
+# ...) ran for 600005 milliseconds before timing out."
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: (?P<work>WorkNCCL\([^)]*\))?")
+
+
+def _event(kind: str, meaning: str, unfit: bool, advice: str, code: int | None = None,
+           pci: str | None = None, message: str = "") -> dict[str, Any]:
+    return {"kind": kind, "code": code, "pci": pci, "meaning": meaning, "unfit": unfit, "advice": advice,
+            "message": message[:400]}
+
+
+def classify_kernel(message: str) -> dict[str, Any] | None:
+    """The event one kernel message stands for, or None."""
+    text = message.strip()
+    match = _XID.search(text)
+    if match:
+        code = int(match.group("code"))
+        meaning, unfit, advice = XID.get(code, (f"Xid {code} (not in moefleet's table)", False, RECORD))
+        return _event("xid", meaning, unfit, advice, code, match.group("pci"), text)
+    match = _OFF_BUS.search(text)
+    if match:
+        return _event("fell_off_bus", "GPU has fallen off the bus", True, REBOOT, 79, match.group("pci"), text)
+    if _AER_FATAL.search(text):
+        found = _BDF.findall(text)
+        return _event("pcie_fatal", "Uncorrectable (fatal) PCIe error", True,
+                      "Reboot the host (moefleet remediate); a fatal PCIe error that returns needs the slot, riser or "
+                      "GPU serviced.", None, found[-1] if found else None, text)
+    if _LINK_DOWN.search(text):
+        found = _BDF.findall(text)
+        return _event("link_down", "PCIe link down (surprise link down)", True, REBOOT, None,
+                      found[0] if found else None, text)
+    return None
+
+
+def classify_service(message: str) -> dict[str, Any] | None:
+    """The event one line of the serving unit's output stands for, or None (the exit hook and the readiness check
+    judge the rest of it with sglang_log)."""
+    match = _NCCL_TIMEOUT.search(message)
+    if match:
+        return _event("nccl_timeout", "A collective operation hung (NCCL watchdog timeout)", True,
+                      "Reboot the host (moefleet remediate). Hangs that return point at P2P through the IOMMU "
+                      "(ACS on the PCIe switches): see docs/healing.md.", None, None, message.strip())
+    return None
+
+
+def hang_event(seconds: float, health_url: str) -> dict[str, Any]:
+    """The serving process stopped making progress: its /health (one token; 503 when no output arrives in SGLang's
+    20 s) failed for `seconds` while the unit was active and had served."""
+    return _event("hang", f"SGLang made no progress for {seconds:.0f} s (its /health got no token)", True,
+                  "Reboot the host (moefleet remediate). Hangs that return point at NCCL and P2P through the IOMMU "
+                  "(ACS on the PCIe switches): see docs/healing.md.", None, None, f"GET {health_url} failed")
+
+
+# journalctl's short formats: "Dec 02 13:58:45 host kernel: MESSAGE", short-iso, short-precise, and dmesg's
+# "[12345.678901] MESSAGE"; -o cat has the message alone.
+_PREFIX = re.compile(
+    r"^(?:(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+-]+Z?) \S+ (?P<ident>[^\s:\[]+)(?:\[\d+\])?: )?"
+    r"(?:\[\s*\d+\.\d+\] )?")
+
+
+def scan(text: str) -> list[dict[str, Any]]:
+    """Every event in a journal excerpt: kernel messages (a line of `journalctl -k`, dmesg, or a MESSAGE of
+    `journalctl -o json`) and the serving unit's output."""
+    import json  # noqa: PLC0415  (only for -o json lines)
+
+    events = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("{"):
+            try:
+                line = str(json.loads(line).get("MESSAGE") or "")
+            except (ValueError, AttributeError):
+                pass
+        body = _PREFIX.sub("", line, count=1)
+        event = classify_kernel(body) or classify_service(body)
+        if event:
+            events.append(event)
+    return events
+
+
+def same_fault(earlier: Sequence[Mapping[str, Any]], event: Mapping[str, Any]) -> bool:
+    """The driver writes "GPU has fallen off the bus" twice (the Xid 79 line, then its own line): the second is the
+    same fault of the same GPU, not a new event."""
+    if event.get("kind") != "fell_off_bus":
+        return False
+    want = _norm_pci(event.get("pci"))
+    return any(e.get("code") == 79 and _norm_pci(e.get("pci")) == want for e in list(earlier)[-5:])
+
+
+def _norm_pci(pci: str | None) -> str | None:
+    """0000:41:00 / 0000:41:00.0 / 00000000:41:00.0 -> 41:00 (bus:device, lower case)."""
+    if not pci:
+        return None
+    parts = pci.lower().split(":")
+    if len(parts) < 2:
+        return None
+    return f"{parts[-2]}:{parts[-1].split('.')[0]}"
+
+
+def gpu_index(pci: str | None, gpus: Sequence[Mapping[str, Any]] | None) -> int | None:
+    """The index nvidia-smi gives the GPU at `pci` (gpus: [{"index", "pci_bus_id"}] as the watcher read them while
+    the GPUs answered), or None."""
+    want = _norm_pci(pci)
+    for gpu in gpus or []:
+        if want is not None and _norm_pci(str(gpu.get("pci_bus_id") or "")) == want:
+            try:
+                return int(gpu["index"])
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None
+
+
+def reason(event: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """One phrase for `moefleet status`: "gpu 3: Xid 79 GPU has fallen off the bus"."""
+    index = event.get("gpu")
+    if index is None:
+        index = gpu_index(event.get("pci"), gpus)
+    where = f"gpu {index}" if index is not None else (f"PCI {event['pci']}" if event.get("pci") else "")
+    what = f"Xid {event['code']} {event['meaning']}" if event.get("kind") == "xid" else str(event.get("meaning"))
+    return f"{where}: {what}" if where else what

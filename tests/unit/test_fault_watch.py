@@ -1,0 +1,200 @@
+"""moefleet's fault watcher (roles/fault_watch/files/moefleet-fault-watch) run as the unit runs it, with stand-ins for
+what a unit test cannot have (journalctl's follow mode fed from a file, systemctl recording its calls, a router's
+worker API) and the lab's simulated nvidia-smi for the GPU baseline and the check after a reboot.
+
+What it must do: a kernel Xid 79 written by the kernel (or root) takes the host out of the router with the admin key,
+stops SGLang, writes the unfit file and records the event once, also across a restart of the watcher; a "kernel"
+line from another user is ignored; an Xid that is an application error is only recorded; verify finds a lost GPU
+and a narrower PCIe link; clear and hold keep the record."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WATCH = ROOT / "roles" / "fault_watch" / "files" / "moefleet-fault-watch"
+ADMIN = "admin-key-for-the-test-0123456789"
+WORKER = "http://10.0.0.7:30000"
+
+FAKE_JOURNALCTL = r'''#!/usr/bin/env python3
+import sys, time
+after = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--after-cursor=")), None)
+with open(sys.argv[0] + ".entries") as fh:
+    lines = fh.read().splitlines()
+if after:
+    cursors = [__import__("json").loads(l)["__CURSOR"] for l in lines]
+    lines = lines[cursors.index(after) + 1:]
+for line in lines:
+    print(line, flush=True)
+time.sleep(3600)
+'''
+FAKE_SYSTEMCTL = r'''#!/bin/sh
+echo "$*" >> "$0.calls"
+case "$*" in
+  *"--value"*) echo inactive ;;
+  show*) printf 'ActiveState=inactive\nInvocationID=\n' ;;
+esac
+'''
+
+
+def entry(cursor: str, message: str, **fields: str) -> str:
+    return json.dumps({"__CURSOR": cursor, "MESSAGE": message, **fields})
+
+
+class Router(BaseHTTPRequestHandler):
+    calls: list = []
+
+    def _ok(self) -> bool:
+        if self.headers.get("Authorization") != f"Bearer {ADMIN}":
+            self.send_response(401)
+            self.end_headers()
+            return False
+        return True
+
+    def do_GET(self):  # noqa: N802
+        if self._ok():
+            body = json.dumps({"workers": [{"id": "w-1", "url": WORKER}, {"id": "w-2", "url": "http://10.0.0.8:30000"}]})
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+    def do_DELETE(self):  # noqa: N802
+        if self._ok():
+            Router.calls.append(self.path)
+            self.send_response(202)
+            self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def host(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("journalctl", FAKE_JOURNALCTL), ("systemctl", FAKE_SYSTEMCTL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "nvidia-smi").symlink_to(ROOT / "sim" / "gpu" / "nvidia-smi")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Router.calls = []
+    config = {
+        "unit": "sglang.service", "lib": str(ROOT / "plugins" / "module_utils"),
+        "health_url": "http://127.0.0.1:9/health", "worker_url": WORKER, "interval": 3600, "hang_seconds": 60,
+        "facts_file": str(tmp_path / "facts.d" / "moefleet_health.fact"), "unfit_file": str(tmp_path / "unfit"),
+        "cursor_file": str(tmp_path / "cursor"), "baseline_file": str(tmp_path / "gpu-baseline.json"),
+        "routers": [{"name": "gw", "url": f"http://127.0.0.1:{server.server_port}", "admin_key": ADMIN}],
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SIM_GPU_RUN_DIR=str(tmp_path / "run"),
+               SIM_GPU_STATE_DIR=str(tmp_path / "procs"))
+    yield tmp_path, env, config
+    server.shutdown()
+
+
+def command(host, *args):
+    tmp, env, _ = host
+    return subprocess.run([sys.executable, str(WATCH), str(tmp / "config.json"), *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def watch_until(host, done, timeout=20):
+    tmp, env, _ = host
+    proc = subprocess.Popen([sys.executable, str(WATCH), str(tmp / "config.json")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not done():
+            time.sleep(0.1)
+        time.sleep(0.5)  # what it would do after
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # with its journalctl
+    return proc.communicate()[0]
+
+
+def facts(host) -> dict:
+    path = Path(host[2]["facts_file"])
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_an_xid_79_takes_the_host_out_once(host):
+    tmp = host[0]
+    (tmp / "bin" / "journalctl.entries").write_text("\n".join([
+        entry("c1", "NVRM: Xid (PCI:0000:61:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+              SYSLOG_IDENTIFIER="kernel", _UID="1000", _TRANSPORT="syslog"),  # forged by a user: ignored
+        entry("c2", "NVRM: Xid (PCI:0000:01:00): 13, pid=7, name=python3, Graphics SM Warp Exception",
+              SYSLOG_IDENTIFIER="kernel", _TRANSPORT="kernel"),  # an application error: recorded only
+        entry("c3", "NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+              SYSLOG_IDENTIFIER="kernel", _TRANSPORT="kernel"),
+        entry("c4", "NVRM: GPU 0000:61:00.0: GPU has fallen off the bus.", SYSLOG_IDENTIFIER="kernel",
+              _TRANSPORT="kernel"),  # the driver's second line of the same fault
+        entry("c5", "INFO: a line of the server", _SYSTEMD_UNIT="sglang.service"),
+    ]) + "\n")
+    assert command(host, "baseline").returncode == 0  # GPU 3 is at 61:00 in the baseline
+    out = watch_until(host, lambda: any("actions" in e for e in facts(host).get("events", [])))
+    record = facts(host)
+    assert record["state"] == "unfit", out
+    assert record["reason"] == "gpu 3: Xid 79 GPU has fallen off the bus"
+    assert [(e["code"], e["unfit"]) for e in record["events"]] == [(13, False), (79, True)], out
+    assert record["events"][1]["actions"] == {"routers": {"gw": "removed"}, "stopped": True}
+    assert Router.calls == ["/workers/w-1"]  # its own entry, with the admin key
+    calls = (tmp / "bin" / "systemctl.calls").read_text()
+    assert "stop --no-block sglang.service" in calls and "kill --kill-whom=all --signal=SIGKILL sglang.service" in calls
+    assert json.loads((tmp / "unfit").read_text())["code"] == 79
+    assert (tmp / "cursor").read_text() != ""
+    # A restart of the watcher reads on from its cursor: nothing is recorded twice, nothing is done twice.
+    watch_until(host, lambda: False, timeout=2)
+    assert len(facts(host)["events"]) == 2 and Router.calls == ["/workers/w-1"]
+    # Even without its cursor, an event already recorded is not recorded again.
+    (tmp / "cursor").unlink()
+    watch_until(host, lambda: False, timeout=2)
+    assert len(facts(host)["events"]) == 2 and Router.calls == ["/workers/w-1"]
+
+
+def test_a_wrong_admin_key_is_reported_not_hidden(host):
+    tmp, _, config = host
+    config["routers"][0]["admin_key"] = "wrong-key-0123456789"
+    (tmp / "config.json").write_text(json.dumps(config))
+    (tmp / "bin" / "journalctl.entries").write_text(entry(
+        "c1", "NVRM: Xid (PCI:0000:01:00): 119, pid=1, name=python3, Timeout after 6s of waiting for RPC response",
+        SYSLOG_IDENTIFIER="kernel", _UID="0", _TRANSPORT="stdout") + "\n")  # root's line counts
+    watch_until(host, lambda: any("actions" in e for e in facts(host).get("events", [])))
+    event = facts(host)["events"][0]
+    assert event["actions"]["routers"]["gw"].startswith("did not answer (401")
+    assert event["actions"]["stopped"] is True and Router.calls == []
+
+
+def test_verify_clear_and_hold(host):
+    tmp, _, config = host
+    assert json.loads(command(host, "baseline").stdout)["gpus"] == 8
+    assert command(host, "verify").returncode == 0
+    (tmp / "run").mkdir()
+    (tmp / "run" / "lost.json").write_text("[3]")  # GPU 3 fell off the bus: nvidia-smi cannot open it
+    done = command(host, "verify")
+    assert done.returncode == 1
+    assert "GPU is lost" in json.loads(done.stdout)["problems"][0]
+    (tmp / "run" / "lost.json").unlink()
+    baseline = json.loads(Path(config["baseline_file"]).read_text())
+    baseline["gpus"][5]["pcie_width"] = "32"  # it had a wider link than it has now
+    Path(config["baseline_file"]).write_text(json.dumps(baseline))
+    assert json.loads(command(host, "verify").stdout)["problems"] == [
+        "GPU 5 (00000000:A1:00.0): PCIe link width 16, was 32"]
+    Path(config["unfit_file"]).write_text("{}")
+    assert command(host, "hold", "fault back").returncode == 0
+    assert facts(host)["state"] == "hardware" and Path(config["unfit_file"]).exists()
+    assert command(host, "clear", "serviced").returncode == 0
+    record = facts(host)
+    assert record["state"] == "healthy" and not Path(config["unfit_file"]).exists()
+    assert record["remediations"][-1]["was"] == "hardware" and record["remediations"][-1]["note"] == "serviced"

@@ -1,0 +1,94 @@
+"""The fault watcher's event table (plugins/module_utils/host_faults.py): real drivers' and kernels' lines, as public
+logs quote them, classified into the events that take a host out (or are only recorded)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_collections.moefleet.serving.plugins.module_utils import host_faults as hf
+
+GPUS = [{"index": "0", "pci_bus_id": "00000000:01:00.0"}, {"index": "3", "pci_bus_id": "00000000:61:00.0"}]
+
+
+@pytest.mark.parametrize(("line", "kind", "code", "unfit"), [
+    ("NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", "xid", 79, True),
+    ("NVRM: Xid (PCI:0000:01:00): 119, pid=2713, name=python3, Timeout after 6s of waiting for RPC response from "
+     "GPU0 GSP! Expected function 76 (GSP_RM_CONTROL).", "xid", 119, True),
+    ("NVRM: Xid (PCI:0000:01:00): 8, pid=3311, name=sglang::schedu, Channel 00000010", "xid", 8, True),
+    ("NVRM: Xid (PCI:0000:01:00): 48, pid=1, name=python3, An uncorrectable double bit error (DBE) has been "
+     "detected on GPU in the framebuffer at partition 6, subpartition 0.", "xid", 48, True),
+    ("NVRM: Xid (PCI:0000:01:00): 13, pid=9, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
+     "Out Of Range Address", "xid", 13, False),
+    ("NVRM: Xid (PCI:0000:01:00): 31, pid=9, name=python3, Ch 0000000a, intr 10000000. MMU Fault: ENGINE GRAPHICS "
+     "GPCCLIENT_T1_0 faulted @ 0x7f_e6a00000. Fault is of type FAULT_PDE ACCESS_TYPE_READ", "xid", 31, False),
+    ("NVRM: Xid (PCI:0000:01:00): 63, pid=1, name=python3, Row Remapper: New row marked for remapping", "xid", 63,
+     False),
+    ("NVRM: Xid (PCI:0000:01:00): 999, pid=1, name=python3, something new", "xid", 999, False),
+    ("NVRM: GPU 0000:61:00.0: GPU has fallen off the bus.", "fell_off_bus", 79, True),
+    ("pcieport 0000:60:01.1: AER: Uncorrectable (Fatal) error message received from 0000:61:00.0", "pcie_fatal",
+     None, True),
+    ("pcieport 0000:60:01.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
+     "pcie_fatal", None, True),
+    ("pcieport 0000:60:01.1: pciehp: Slot(3): Link Down", "link_down", None, True),
+])
+def test_kernel_lines(line, kind, code, unfit):
+    event = hf.classify_kernel(line)
+    assert event is not None, line
+    assert (event["kind"], event["code"], event["unfit"]) == (kind, code, unfit)
+    assert event["advice"] and event["meaning"]
+
+
+@pytest.mark.parametrize("line", [
+    "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.95.05",
+    "pcieport 0000:60:01.1: AER: Corrected error message received from 0000:61:00.0",
+    "pcieport 0000:60:01.1: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
+    "nvidia 0000:61:00.0: enabling device (0000 -> 0003)",
+])
+def test_kernel_lines_that_are_no_fault(line):
+    assert hf.classify_kernel(line) is None
+
+
+def test_service_lines():
+    timeout = ("[rank3]:[E1202 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective "
+               "operation timeout: WorkNCCL(SeqNum=5123, OpType=ALLREDUCE, NumelIn=7168, NumelOut=7168, "
+               "Timeout(ms)=600000) ran for 600005 milliseconds before timing out.")
+    event = hf.classify_service(timeout)
+    assert event and event["kind"] == "nccl_timeout" and event["unfit"]
+    assert hf.classify_service("[2026-12-02 10:00:00] INFO:     10.0.0.5:3 - \"POST /generate HTTP/1.1\" 200 OK") is None
+
+
+def test_reason_names_the_gpu_by_its_index():
+    event = hf.classify_kernel("NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                               "the bus.")
+    assert hf.gpu_index(event["pci"], GPUS) == 3
+    assert hf.reason(event, GPUS) == "gpu 3: Xid 79 GPU has fallen off the bus"
+    unknown = dict(event, pci="0000:99:00")
+    assert hf.reason(unknown, GPUS) == "PCI 0000:99:00: Xid 79 GPU has fallen off the bus"
+    assert hf.reason(hf.hang_event(61, "http://127.0.0.1:30000/health", )).startswith("SGLang made no progress for 61 s")
+
+
+def test_the_drivers_second_fell_off_the_bus_line_is_the_same_fault():
+    xid = hf.classify_kernel("NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                             "the bus.")
+    second = hf.classify_kernel("NVRM: GPU 0000:61:00.0: GPU has fallen off the bus.")
+    other_gpu = hf.classify_kernel("NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.")
+    assert hf.same_fault([xid], second)
+    assert not hf.same_fault([xid], other_gpu)
+    assert not hf.same_fault([], second)
+    assert not hf.same_fault([xid], xid)  # a new Xid is a new event
+
+
+def test_scan_reads_journal_excerpts_in_any_format():
+    short = ("Dec 02 10:00:01 gpu-7 kernel: NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+             "fallen off the bus.\n"
+             "Dec 02 10:00:01 gpu-7 kernel: NVRM: GPU 0000:61:00.0: GPU has fallen off the bus.\n"
+             "Dec 02 10:00:02 gpu-7 systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n")
+    dmesg = "[123456.789012] NVRM: Xid (PCI:0000:01:00): 119, pid=1, name=python3, Timeout after 6s of waiting\n"
+    as_json = json.dumps({"MESSAGE": "NVRM: Xid (PCI:0000:01:00): 48, pid=1, name=python3, DBE", "_TRANSPORT":
+                          "kernel"}) + "\n"
+    assert [e["kind"] for e in hf.scan(short)] == ["xid", "fell_off_bus"]
+    assert [e["code"] for e in hf.scan(dmesg)] == [119]
+    assert [e["code"] for e in hf.scan(as_json)] == [48]
+    assert hf.scan("nothing here\n") == []
