@@ -33,7 +33,8 @@ def percentile(values: list[float], pct: float) -> float | None:
 
 
 def one_request(url: str, model: str, max_tokens: int, i: int, timeout: float,
-                api_key: str = "") -> tuple[bool, float, str]:
+                api_key: str = "", seen: dict | None = None) -> tuple[bool, float, str]:
+    """One streamed request; `seen`, when given, gets the response's x-smg-routed-worker-id (the gateway's worker)."""
     body = json.dumps({"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
                        "messages": [{"role": "user", "content": f"request {i}: say something"}]}).encode()
     headers = {"content-type": "application/json"}
@@ -43,6 +44,8 @@ def one_request(url: str, model: str, max_tokens: int, i: int, timeout: float,
     started = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
+            if seen is not None:
+                seen["worker"] = resp.headers.get("x-smg-routed-worker-id")
             if resp.status != 200:
                 return False, time.monotonic() - started, f"HTTP {resp.status}"
             for line in resp:
@@ -50,6 +53,8 @@ def one_request(url: str, model: str, max_tokens: int, i: int, timeout: float,
                     return True, time.monotonic() - started, ""
         return False, time.monotonic() - started, "stream ended without [DONE]"
     except urllib.error.HTTPError as exc:
+        if seen is not None:
+            seen["worker"] = exc.headers.get("x-smg-routed-worker-id")
         return False, time.monotonic() - started, f"HTTP {exc.code}"
     except (OSError, ValueError) as exc:  # refused, reset, timed out, broken chunked encoding
         return False, time.monotonic() - started, f"{type(exc).__name__}: {exc}"
@@ -65,6 +70,9 @@ class Load:
         self.count, self.rate = count, rate
         self.max_tokens, self.model, self.timeout, self.api_key = max_tokens, model, timeout, api_key
         self.results: list[tuple[bool, float, str]] = []
+        # each request's start and end on time.monotonic()'s clock, outcome, and the worker the gateway routed it to
+        # (x-smg-routed-worker-id; None without a gateway or without an answer): which ones a fault cut, and where
+        self.timed: list[tuple[float, float, bool, str, str | None]] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._driver = threading.Thread(target=self._drive, daemon=True)
@@ -76,10 +84,12 @@ class Load:
         return self
 
     def _one(self, i: int) -> None:
+        began, seen = time.monotonic(), {}
         outcome = one_request(self.urls[i % len(self.urls)], self.model, self.max_tokens, i, self.timeout,
-                              self.api_key)
+                              self.api_key, seen)
         with self._lock:
             self.results.append(outcome)
+            self.timed.append((began, time.monotonic(), outcome[0], outcome[2], seen.get("worker")))
 
     def _drive(self) -> None:
         for i in range(self.count):

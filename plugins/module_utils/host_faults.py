@@ -32,33 +32,41 @@ REBOOT = "Reboot the host (moefleet remediate); if it returns, the GPU or its sl
 RESTART = "SGLang restarts by itself; repeated, it points at the model's kernels or the driver."
 RECORD = "Recorded only; watch for more."
 
-# Xid: NVIDIA's meaning, whether the host is unfit to serve until it reboots, and what to do. Codes that NVIDIA
-# documents as application errors (13, 31, 43) end the SGLang process that hit them (systemd restarts it); codes
-# after which the GPU needs a reset, or that mean the GPU, its memory or its firmware failed, make the host unfit
-# (a GPU reset needs every process off it; with eight GPUs serving one model, a reboot is what moefleet does).
+# Xid: NVIDIA's meaning (the Xid Catalog, docs.nvidia.com/deploy/xid-errors), whether the host is unfit to serve until
+# it reboots, and what to do. The catalog's RESTART_APP and IGNORE codes end at most the SGLang process that hit them
+# (systemd restarts it): recorded. Its RESET_GPU, RESTART_BM, WORKFLOW_XID_48 and NVLink codes make the host unfit: a GPU
+# reset needs every process off the GPU, and with eight GPUs serving one model a reboot is what moefleet does. Xid 8
+# is RESTART_APP in the catalog, but on Blackwell it comes with GSP watchdog timeouts that only a reboot clears
+# (NVIDIA/open-gpu-kernel-modules#1159, #1111): unfit here.
 XID: dict[int, tuple[str, bool, str]] = {
-    8: ("GPU stopped processing (a timeout; on Blackwell often the GSP watchdog)", True, REBOOT),
+    8: ("GPU stopped processing (on Blackwell often with GSP watchdog timeouts)", True, REBOOT),
     13: ("Graphics engine exception (usually an application error)", False, RESTART),
     31: ("GPU memory page fault (usually an application error)", False, RESTART),
-    32: ("Invalid or corrupted push buffer stream", True, REBOOT),
-    43: ("GPU stopped processing: the channel was reset (usually an application error)", False, RESTART),
+    32: ("Invalid or corrupted push buffer stream (often PCIe quality)", False, RESTART),
+    43: ("GPU stopped processing: the application hit a fault; the GPU stays healthy", False, RECORD),
     45: ("Preemptive cleanup after an earlier error", False, RECORD),
     48: ("Double-bit ECC error", True, REBOOT),
     61: ("Internal micro-controller breakpoint or warning", False, RECORD),
     62: ("Internal micro-controller halt", True, REBOOT),
-    63: ("ECC page retirement or row remapping recorded", False, RECORD),
-    64: ("ECC page retirement or row remapping failed", True, REBOOT),
+    63: ("GPU memory remapping event", False, RECORD),
+    64: ("GPU memory remapping failure", True, REBOOT),
+    68: ("NVDEC0 exception", False, RESTART),
+    69: ("Graphics engine class error", False, RESTART),
     74: ("NVLink error", True, REBOOT),
     79: ("GPU has fallen off the bus", True, REBOOT),
     92: ("High single-bit ECC error rate", False, RECORD),
-    94: ("Contained ECC error (the application that hit it ends)", False, RESTART),
-    95: ("Uncontained ECC error", True, REBOOT),
+    94: ("Contained memory error (the application that hit it ends)", False, RESTART),
+    95: ("Uncontained memory error", True, REBOOT),
+    109: ("Context switch timeout", True, REBOOT),
     119: ("GSP RPC timeout", True, REBOOT),
     120: ("GSP error", True, REBOOT),
     140: ("Unrecovered ECC error", True, REBOOT),
-    154: ("GPU recovery action changed (the driver asks for a reset or reboot)", True, REBOOT),
+    143: ("GPU initialization error", True, REBOOT),
+    154: ("GPU recovery action changed", False, RECORD),  # unfit when the new action is not "None" (_RECOVERY)
 }
 
+# Xid 154's text (the driver's gpu.c): "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+_RECOVERY = re.compile(r"recovery action changed from .* to (?P<value>0x[0-9a-fA-F]+) \((?P<name>[^)]*)\)")
 # NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
 _XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)(?:, (?P<rest>.*))?")
 # NVRM: GPU 0000:41:00.0: GPU has fallen off the bus.   /   NVRM: The NVIDIA GPU 0000:41:00.0 ... fallen off the bus
@@ -68,7 +76,7 @@ _OFF_BUS = re.compile(r"NVRM: .*?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-
 _AER_FATAL = re.compile(r"(?:AER: (?:Multiple )?Uncorrect(?:ed|able) \(Fatal\)|severity=Uncorrect(?:ed|able) \(Fatal\))")
 _BDF = re.compile(r"\b(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\b")
 # pcieport 0000:40:01.1: pciehp: Slot(1): Link Down   /   ... Surprise Down Error
-_LINK_DOWN = re.compile(r"pciehp: Slot\(.*\): Link Down|Surprise (?:Link )?Down")
+_LINK_DOWN = re.compile(r"pciehp.*slot\(.*\): Link Down|Surprise (?:Link )?Down", re.IGNORECASE)
 # PyTorch's NCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=..., OpType=ALLREDUCE,
 # ...) ran for 600005 milliseconds before timing out."
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: (?P<work>WorkNCCL\([^)]*\))?")
@@ -87,6 +95,9 @@ def classify_kernel(message: str) -> dict[str, Any] | None:
     if match:
         code = int(match.group("code"))
         meaning, unfit, advice = XID.get(code, (f"Xid {code} (not in moefleet's table)", False, RECORD))
+        recovery = _RECOVERY.search(text) if code == 154 else None
+        if recovery and recovery.group("name").strip().lower() != "none":
+            meaning, unfit, advice = f"the driver asks for: {recovery.group('name')}", True, REBOOT
         return _event("xid", meaning, unfit, advice, code, match.group("pci"), text)
     match = _OFF_BUS.search(text)
     if match:

@@ -32,6 +32,16 @@ GPUS = [{"index": "0", "pci_bus_id": "00000000:01:00.0"}, {"index": "3", "pci_bu
     ("pcieport 0000:60:01.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
      "pcie_fatal", None, True),
     ("pcieport 0000:60:01.1: pciehp: Slot(3): Link Down", "link_down", None, True),
+    # as public logs quote them (docs/healing.md): no pid, pid=0, older kernels' wording
+    ("NVRM: Xid (PCI:0000:06:00): 79, GPU has fallen off the bus.", "xid", 79, True),
+    ("NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus.", "xid", 79, True),
+    ("pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010", "pcie_fatal", None, True),
+    ("pcieport 0000:00:02.0:    [ 5] Surprise Down Error    (First)", "link_down", None, True),
+    ("pciehp 0000:02:05.0:pcie24: slot(6): Link Down event", "link_down", None, True),
+    ("NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+     "xid", 154, True),
+    ("NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
+     "xid", 154, False),
 ])
 def test_kernel_lines(line, kind, code, unfit):
     event = hf.classify_kernel(line)
@@ -45,6 +55,8 @@ def test_kernel_lines(line, kind, code, unfit):
     "pcieport 0000:60:01.1: AER: Corrected error message received from 0000:61:00.0",
     "pcieport 0000:60:01.1: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
     "nvidia 0000:61:00.0: enabling device (0000 -> 0003)",
+    "NVRM: GPU at PCI:0000:01:00: GPU-5a3e2c1b-0d4f-4a1e-9c2b-7e6f5d4c3b2a",
+    "NVRM: GPU Board Serial Number: 1790025000003",
 ])
 def test_kernel_lines_that_are_no_fault(line):
     assert hf.classify_kernel(line) is None
