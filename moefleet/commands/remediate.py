@@ -8,6 +8,7 @@ from typing import Any
 
 from moefleet import runner
 from moefleet.commands._common import add_target_arguments, vault
+from moefleet.commands.rollout import parse_extra_vars
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -30,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-unavailable", metavar="N", default=None,
                         help="hosts rebooted at a time: a count or a percentage such as 25%% (default 1)")
     parser.add_argument("--check", action="store_true", help="say what would happen; change nothing")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                        help="Ansible extra variables (KEY=VALUE, JSON or @FILE), e.g. -e fault_watch_retry_window=0 "
+                        "to try a repaired host again at once")
     parser.set_defaults(func=run)
 
 
@@ -51,7 +55,11 @@ class Outcome:
 
 
 def run(args: argparse.Namespace) -> int:
-    extravars: dict[str, Any] = {}
+    try:
+        extravars: dict[str, Any] = parse_extra_vars(args.extra_vars)
+    except runner.BadInput as exc:
+        print(f"moefleet remediate: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.max_unavailable is not None:
         extravars["moefleet_max_unavailable"] = args.max_unavailable
     outcome = Outcome()

@@ -244,6 +244,159 @@ def test_rollout_through_the_router_fails_no_request(routed_lab, tmp_path):
     assert _routed_to(router_url, "") == "HTTP 401"
 
 
+# ---- A fleet that heals (roles/fault_watch, playbooks/remediate.yml): after the first rollout, every worker on ep8 ----
+HEALING: dict[str, str] = {}  # the worker each fault hit, for the tests after
+OUT_WITHIN_S = 30  # the issue's bound for a GPU fault; the watcher acts within a second of the kernel's line
+# a hang: SGLang's /health fails after its own 20 s, the lab's fault_watch_hang_seconds is 20 (one failed answer),
+# plus up to two of the watcher's 5-s intervals
+HANG_OUT_WITHIN_S = 20 + 20 + 2 * 5 + 5
+
+
+def _loads(url: str) -> int:
+    """Requests the worker runs or queues now (SGLang's /v1/loads); -1 when it does not answer."""
+    req = urllib.request.Request(f"{url}/v1/loads?include=core", headers={"Authorization": f"Bearer {WORKER_KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return int(json.load(resp)["aggregate"]["total_reqs"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def _routable(router_url: str, url: str) -> bool:
+    """The router may send the worker new requests: listed, and not draining (smg routes none to a draining worker
+    and forgets it 5 s later)."""
+    return any(w["url"] == url and w.get("status") != "draining" for w in _router_workers_when_up(router_url))
+
+
+def _inject(host: str, fault: str) -> None:
+    _run(sys.executable, LAB_PY, "fault", host, fault, "--gpu", "3")
+
+
+def _health_record(inventory: Path, host: str) -> dict:
+    """The fault watcher's record on the host (none before its first event)."""
+    text = on_host(inventory, host, "cat /etc/ansible/facts.d/moefleet_health.fact 2>/dev/null || echo '{}'")
+    return json.loads(text)
+
+
+def _remediate(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "moefleet"), "remediate", "-i", str(inventory), *extra], cwd=ROOT,
+                          env=_env(), text=True, capture_output=True, timeout=900)
+
+
+def _fault_under_load(inventory: Path, router_url: str, fault: str, candidates: list[str], within: float) -> dict:
+    """Streaming load through the router (and, for the comparison, straight to every worker); the fault is injected
+    on the candidate running the most requests; returns when the load ended, with what it measured."""
+    urls = _worker_urls(inventory)
+    ids = {w["id"]: w["url"] for w in _router_workers(router_url)}
+    load = Load(router_url, 200, 4, MAX_TOKENS, api_key=WORKER_KEY).start()
+    direct = Load([urls[h] for h in WORKERS], 60, 1.5, MAX_TOKENS, api_key=WORKER_KEY).start()
+    deadline = time.monotonic() + 20
+    while True:  # a worker with requests in flight, so that the fault cuts some
+        running = {h: _loads(urls[h]) for h in candidates}
+        victim = max(candidates, key=running.__getitem__)
+        if running[victim] > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    faulted = time.monotonic()
+    _inject(victim, fault)
+    while _routable(router_url, urls[victim]):
+        assert time.monotonic() - faulted < within, f"{victim} still routable {within} s after the fault"
+        time.sleep(0.1)
+    out = time.monotonic()
+    summary, direct_summary = load.result(), direct.result()
+    after = [t for t in load.timed if t[0] > out]
+    cut = [t for t in load.timed if not t[2]]
+    direct_cut = [t for t in direct.timed if not t[2]]
+    measured = {"victim": victim, "in_flight_at_fault": running[victim], "out_after_s": round(out - faulted, 2),
+                "through_router": summary, "failed_through_router": len(cut),
+                "direct": direct_summary, "failed_direct": len(direct_cut),
+                "failed_direct_after_out": sum(1 for t in direct_cut if t[0] > out)}
+    print(f"{fault} on {victim}: {measured}")
+    # From the moment it was out: no request went to it, none failed.
+    assert after, "the load ended before the host was out"
+    assert all(t[2] for t in after), [t for t in after if not t[2]]
+    assert not any(ids.get(t[4]) == urls[victim] for t in after)
+    assert all(t[0] <= out for t in cut), "a request that started after the host was out failed"
+    return measured
+
+
+def test_a_gpu_that_falls_off_the_bus_takes_its_host_out_at_once(routed_lab, tmp_path):
+    """Xid 79 on GPU 3 of the busiest worker under streaming load: within a second (the issue allows 30) it is no
+    longer routable, requests started after that all succeed and none reaches it; the watcher records the event once
+    (gpu 3, Xid 79), stopped SGLang, which systemd does not restart into the lost GPU; status calls it unhealthy."""
+    inventory, router_url = routed_lab
+    before = {h: len(_health_record(inventory, h).get("events", [])) for h in WORKERS[1:]}
+    measured = _fault_under_load(inventory, router_url, "xid79", WORKERS[1:], OUT_WITHIN_S)
+    victim = HEALING["xid79"] = measured["victim"]
+    assert measured["out_after_s"] <= OUT_WITHIN_S
+    record = _health_record(inventory, victim)
+    assert record["state"] == "unfit" and record["reason"] == "gpu 3: Xid 79 GPU has fallen off the bus", record
+    xids = [e for e in record["events"][before[victim]:] if e.get("code") == 79]
+    assert len(xids) == 1, record["events"]  # the driver's second "fallen off the bus" line is the same fault
+    assert xids[0]["actions"] == {"routers": {f"{LAB}-router": "removed"}, "stopped": True}
+    time.sleep(8)  # past the serving drop-in's first RestartSec (5 s)
+    state = on_host(inventory, victim, "systemctl show -p ActiveState --value sglang.service").strip()
+    assert state in ("inactive", "failed"), state
+    assert "GPU is lost" in on_host(inventory, victim, "nvidia-smi -L")
+    entry = _status(inventory, tmp_path)[victim]
+    assert entry["state"] == "unhealthy" and entry["fault"]["reason"] == record["reason"], entry
+
+
+def test_remediate_reboots_the_host_and_puts_it_back(routed_lab, tmp_path):
+    """moefleet remediate: the host reboots (for real: the container restarts and systemd boots), its GPUs match what
+    it had at deploy, it serves its unit again and every router routes to it."""
+    inventory, router_url = routed_lab
+    victim = HEALING["xid79"]
+    booted = on_host(inventory, victim, "awk '{print $22}' /proc/1/stat")
+    result = _remediate(inventory)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{victim} was unfit (gpu 3: Xid 79 GPU has fallen off the bus)" in result.stdout
+    assert on_host(inventory, victim, "awk '{print $22}' /proc/1/stat") != booted, "it did not reboot"
+    assert _routable(router_url, _worker_urls(inventory)[victim])
+    record = _health_record(inventory, victim)
+    assert record["state"] == "healthy" and record["remediations"][-1]["was"] == "unfit"
+    assert _status(inventory, tmp_path)[victim]["state"] == "ready"
+
+
+def test_the_same_fault_right_after_keeps_the_host_out_with_the_evidence(routed_lab, tmp_path):
+    """The same Xid 79 again, within fault_watch_retry_window of the remediation: out again at once, and
+    moefleet remediate keeps it out (no reboot loop) saying it needs hardware attention, with the evidence. After a
+    repair, -e fault_watch_retry_window=0 lets it back."""
+    inventory, router_url = routed_lab
+    victim, url = HEALING["xid79"], _worker_urls(inventory)[HEALING["xid79"]]
+    faulted = time.monotonic()
+    _inject(victim, "xid79")
+    while _routable(router_url, url):
+        assert time.monotonic() - faulted < OUT_WITHIN_S
+        time.sleep(0.1)
+    booted = on_host(inventory, victim, "awk '{print $22}' /proc/1/stat")
+    result = _remediate(inventory)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{victim} needs hardware attention" in result.stderr and "gpu 3: Xid 79" in result.stderr
+    assert on_host(inventory, victim, "awk '{print $22}' /proc/1/stat") == booted, "it rebooted"
+    assert not _routable(router_url, url)
+    assert _health_record(inventory, victim)["state"] == "hardware"
+    entry = _status(inventory, tmp_path)[victim]
+    assert entry["state"] == "unhealthy" and entry["fault"]["state"] == "hardware", entry
+    again = _remediate(inventory, "-e", "fault_watch_retry_window=0")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _routable(router_url, url)
+
+
+def test_a_hang_while_serving_takes_the_host_out_and_remediate_brings_it_back(routed_lab):
+    """Every NCCL collective of the other worker hangs (no error, requests stop advancing): SGLang's /health fails,
+    the watcher calls it a hang, takes the host out and stops SGLang; remediate reboots it back into service."""
+    inventory, router_url = routed_lab
+    others = [h for h in WORKERS[1:] if h != HEALING["xid79"]]
+    measured = _fault_under_load(inventory, router_url, "hang", others, HANG_OUT_WITHIN_S)
+    victim = measured["victim"]
+    record = _health_record(inventory, victim)
+    assert record["state"] == "unfit" and record["events"][-1]["kind"] == "hang", record
+    result = _remediate(inventory)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _routable(router_url, _worker_urls(inventory)[victim])
+    assert _health_record(inventory, victim)["state"] == "healthy"
+
 def test_a_host_whose_start_fails_never_receives_a_request(routed_lab, tmp_path):
     inventory, router_url = routed_lab
     canary = WORKERS[0]
