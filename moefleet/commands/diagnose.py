@@ -14,6 +14,12 @@ container and cloud loggers print them (docker compose `svc-1  | `, docker/kubec
 (ESC or pasted as `\\x1b[..m` / `^[[..m`), and logs exported newest first. On a host:
 `journalctl -u sglang.service -o short-precise --since -1h > sglang.log` (or `-o json`, `-o export`).
 
+It reads the kernel's side too: lines of `journalctl -k` (or dmesg) with NVIDIA Xids, a GPU fallen off the bus,
+fatal PCIe errors or a link down, and NCCL watchdog timeouts, each with its meaning and what to do (the fault
+watcher's event table, plugins/module_utils/host_faults.py; `journalctl -k -b -o short-precise > kernel.log`, or
+both journals at once: `journalctl -k -u sglang.service -b`). A kernel excerpt without any SGLang line exits 1 when an
+event makes the host unfit to serve, 0 otherwise.
+
 A saved log that ends while starting is ``starting`` and exits 1 as incomplete. With ``--hang-seconds N``
 it is ``hung`` instead once its last line is at least N seconds old: for a file, by its modification
 time (so a log still being written is not called hung); for stdin, which has no age, the log is taken
@@ -29,6 +35,8 @@ import re
 import sys
 import time
 
+from ansible_collections.moefleet.serving.plugins.module_utils.host_faults import reason as fault_reason
+from ansible_collections.moefleet.serving.plugins.module_utils.host_faults import scan as scan_faults
 from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import classify, is_log
 
 from moefleet.commands import number_problem
@@ -177,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
     except BadInput as err:
         print(f"moefleet diagnose: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    faults = scan_faults(text)
+    if faults and not _has_server_lines(text):
+        return _report_faults(args, faults)
     if not is_log(text):
         name = "stdin" if args.file == "-" else args.file
         print(
@@ -197,8 +208,40 @@ def run(args: argparse.Namespace) -> int:
             f"The log ends while the server was still starting (phase {verdict.phase}): collect the rest of "
             "the log, or pass --hang-seconds N to judge a log silent that long as hung."
         )
+    result["host_faults"] = faults
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(_human(result))
-    return EXIT_READY if verdict.state == "ready" else EXIT_FAILED
+        print(_human(result) + ("\n" + _faults_text(faults) if faults else ""))
+    return EXIT_READY if verdict.state == "ready" and not any(f["unfit"] for f in faults) else EXIT_FAILED
+
+
+# What SGLang itself prints at any start (its server_args line, the progress lines, uvicorn): a log with none of them
+# is a kernel excerpt.
+_SERVER_LINE = re.compile(r"server_args=|Init torch distributed|Load weight|Scheduler hit an exception|Uvicorn running|"
+                          r"fired up and ready|Traceback \(most recent call last\)")
+
+
+def _has_server_lines(text: str) -> bool:
+    return bool(_SERVER_LINE.search(text))
+
+
+def _faults_text(faults: list[dict]) -> str:
+    rows = []
+    for fault in faults:
+        rows.append(("fault", fault_reason(fault) + (" (the host is unfit to serve)" if fault["unfit"] else "")))
+        rows.append(("line", fault["message"]))
+        rows.append(("advice", fault["advice"]))
+    width = max(len(label) for label, _ in rows) + 1
+    return "\n".join(f"{(label + ':').ljust(width)} {value}" for label, value in rows)
+
+
+def _report_faults(args: argparse.Namespace, faults: list[dict]) -> int:
+    """A kernel excerpt (no SGLang line): its events, and 1 when one makes the host unfit."""
+    unfit = any(f["unfit"] for f in faults)
+    if args.json:
+        print(json.dumps({"file": args.file, "state": "fault" if unfit else "recorded", "host_faults": faults},
+                         indent=2))
+    else:
+        print(_faults_text(faults))
+    return EXIT_FAILED if unfit else EXIT_READY

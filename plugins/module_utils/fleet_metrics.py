@@ -68,9 +68,14 @@ def timestamp(text: str | None) -> float:
     return moment.timestamp()
 
 
-def state_text(local: Mapping[str, Any] | None, runtime: Mapping[str, Any] | None) -> str:
-    """The host's moefleet state (its local facts and runtime failures) in the text format."""
-    local, runtime = local or {}, runtime or {}
+FAULT_STATES = ("unfit", "hardware")
+
+
+def state_text(local: Mapping[str, Any] | None, runtime: Mapping[str, Any] | None,
+               health: Mapping[str, Any] | None = None) -> str:
+    """The host's moefleet state (its local facts, runtime failures and the fault watcher's record) in the text
+    format."""
+    local, runtime, health = local or {}, runtime or {}, health or {}
     asked, serving, outcome = local.get("asked_profile"), local.get("serving_profile"), local.get("outcome")
     as_asked = 1 if local and outcome == "ready" and serving is not None and serving == asked else 0
     failures = [f for f in runtime.get("failures") or [] if isinstance(f, Mapping)]
@@ -95,6 +100,14 @@ def state_text(local: Mapping[str, Any] | None, runtime: Mapping[str, Any] | Non
                     "When the newest failure while serving of each state happened (0: none recorded).",
                     [({"state": s}, max((timestamp(f.get("time")) for f in failures if f.get("state") == s),
                                         default=0.0)) for s in RUNTIME_STATES])
+    events = [e for e in health.get("events") or [] if isinstance(e, Mapping)]
+    lines += family("moefleet_host_unfit",
+                    "1 while the fault watcher keeps the host out (a GPU fault, a fatal PCIe error or a hang), by "
+                    "state: unfit (until moefleet remediate) or hardware (it needs hardware attention), else 0.",
+                    [({"state": s}, 1 if health.get("state") == s else 0) for s in FAULT_STATES])
+    lines += family("moefleet_host_last_fault_timestamp_seconds",
+                    "When the fault watcher last recorded an event that made the host unfit (0: none recorded).",
+                    [({}, max((timestamp(e.get("time")) for e in events if e.get("unfit")), default=0.0))])
     return "\n".join(lines) + "\n"
 
 

@@ -155,7 +155,7 @@ def scan(text: str) -> list[dict[str, Any]]:
                 pass
         body = _PREFIX.sub("", line, count=1)
         event = classify_kernel(body) or classify_service(body)
-        if event:
+        if event and not same_fault(events, event):
             events.append(event)
     return events
 

@@ -264,3 +264,29 @@ def test_a_log_of_several_starts_is_judged_by_its_last_start(capsys, tmp_path):
     assert code == 1 and result["state"] == "oom" and result["phase"] == "weight_load"
     # the line number counts from the top of the file, across both starts
     assert text.splitlines()[result["line_number"] - 1].endswith(result["line"])
+
+
+KERNEL = ("Dec 02 10:00:01 gpu-7 kernel: NVRM: GPU at PCI:0000:61:00: GPU-5a3e2c1b-0d4f-4a1e-9c2b-7e6f5d4c3b2a\n"
+          "Dec 02 10:00:01 gpu-7 kernel: NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+          "fallen off the bus.\n"
+          "Dec 02 10:00:01 gpu-7 kernel: NVRM: GPU 0000:61:00.0: GPU has fallen off the bus.\n")
+
+
+def test_a_kernel_excerpt_names_the_fault_and_what_to_do(capsys, tmp_path):
+    path = tmp_path / "kernel.log"
+    path.write_text(KERNEL)
+    code, out, _ = _run(capsys, path)
+    assert code == 1
+    assert out.splitlines()[0] == "fault:  PCI 0000:61:00: Xid 79 GPU has fallen off the bus (the host is unfit to serve)"
+    assert "moefleet remediate" in out and out.count("fault:") == 1  # the driver's second line is the same fault
+    path.write_text("[ 812.301] NVRM: Xid (PCI:0000:01:00): 13, pid=7, name=python3, Graphics SM Warp Exception\n")
+    code, out, _ = _run(capsys, path, "--json")
+    assert code == 0 and json.loads(out)["host_faults"][0]["code"] == 13  # an application error: recorded
+
+
+def test_a_server_log_with_the_kernel_lines_has_both(capsys, tmp_path):
+    path = tmp_path / "both.log"
+    path.write_text(READY_LOG.read_text() + KERNEL)
+    code, out, _ = _run(capsys, path, "--json")
+    result = json.loads(out)
+    assert code == 1 and result["state"] == "ready" and [f["code"] for f in result["host_faults"]] == [79]

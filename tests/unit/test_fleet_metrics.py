@@ -103,3 +103,16 @@ def test_a_label_value_with_quotes_and_newlines_is_escaped():
     text = fleet_metrics.state_text({"asked_profile": 'a"b\\c\nd', "outcome": "failed"}, {})
     assert 'asked_profile="a\\"b\\\\c\\nd"' in text
     assert lint(text).returncode == 0
+
+
+def test_the_fault_watchers_record_says_whether_the_host_is_out():
+    health = {"state": "unfit", "reason": "gpu 3: Xid 79 GPU has fallen off the bus", "events": [
+        {"time": "2026-12-02T10:01:00+00:00", "code": 13, "unfit": False},
+        {"time": "2026-12-02T10:02:00+00:00", "code": 79, "unfit": True}]}
+    got = samples(fleet_metrics.state_text(LOCAL, RUNTIME, health))
+    assert got['moefleet_host_unfit{state="unfit"}'] == 1 and got['moefleet_host_unfit{state="hardware"}'] == 0
+    assert got["moefleet_host_last_fault_timestamp_seconds"] == 1796205720.0
+    healthy = samples(fleet_metrics.state_text(LOCAL, RUNTIME, {"state": "healthy", "events": health["events"]}))
+    assert healthy['moefleet_host_unfit{state="unfit"}'] == 0
+    never = samples(fleet_metrics.state_text(LOCAL, RUNTIME))  # a host the watcher never recorded anything on
+    assert never['moefleet_host_unfit{state="unfit"}'] == 0 and never["moefleet_host_last_fault_timestamp_seconds"] == 0
