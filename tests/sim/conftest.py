@@ -55,6 +55,7 @@ def lab(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SIM_GPU_SPEC", str(spec))
     monkeypatch.setenv("SIM_GPU_STATE_DIR", str(state))
+    monkeypatch.setenv("SIM_GPU_RUN_DIR", str(tmp_path / "run"))  # lost GPUs, NCCL hang (lab.py fault)
     monkeypatch.setenv("SGLANG_SIM_TIME_SCALE", SCALE)
     monkeypatch.delenv("SGLANG_SIM_FAULTS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -7,13 +7,17 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 PARENT_DIES = "Received sigquit from a child process. It usually means the child failed."
+NVIDIA_SMI = Path(__file__).resolve().parents[2] / "sim" / "gpu" / "nvidia-smi"
 # TP8 at the fraction its profile sets: at SGLang's default for K2.6 (0.771) the KV pool has no room.
 TP8 = ("--tp-size", "8", "--mem-fraction-static", "0.8")
 
@@ -251,6 +255,52 @@ def test_fault_oom_runtime_serves_n_requests_then_dies_in_the_forward_pass(lab):
                      r"has a total capacity of 94\.97 GiB of which [\d.]+ [MG]iB is free\.", log)
     assert log.index("The server is fired up and ready to roll!") < log.index("Scheduler hit an exception")
     assert PARENT_DIES in log
+
+
+def test_a_gpu_that_falls_off_the_bus_fails_its_rank_and_the_next_start(lab, tmp_path):
+    """lab.py fault xid79: the rank on the lost GPU fails its next kernel launch with the CUDA error PyTorch raises,
+    the server dies the SIGQUIT way; until the host reboots (/run cleared) a start fails CUDA's init, and nvidia-smi
+    cannot open the GPU."""
+    srv = lab.start(*TP8)
+    srv.wait_ready()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "lost.json").write_text("[3]")
+    assert srv.wait_exit() == -signal.SIGKILL
+    log = srv.log
+    assert re.search(r"TP3\] Scheduler hit an exception: Traceback", log), log[-2000:]
+    assert "torch.AcceleratorError: CUDA error: unspecified launch failure" in log and PARENT_DIES in log
+    again = lab.start(*TP8)
+    assert again.wait_exit() == -signal.SIGKILL
+    assert "CUDA unknown error" in again.log
+    smi = subprocess.run([sys.executable, str(NVIDIA_SMI), "-L"], capture_output=True, text=True)
+    assert smi.returncode == 15
+    assert smi.stdout == ("Unable to determine the device handle for GPU 0000:61:00.0: GPU is lost.  Reboot the "
+                          "system to recover this GPU\n")
+
+
+def test_an_nccl_hang_stops_every_request_and_fails_health_after_its_timeout(lab, tmp_path, monkeypatch):
+    """lab.py fault hang: no token advances and no error is printed; /health answers 503 after
+    SGLANG_HEALTH_CHECK_TIMEOUT (here 2 s) with SGLang's own line, as http_server.health_generate does."""
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2")
+    srv = lab.start(*TP8)
+    srv.wait_ready()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "nccl-hang").touch()
+    body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 4}}).encode()
+    req = urllib.request.Request(srv.url("/generate"), data=body, headers={"content-type": "application/json"})
+    with pytest.raises(OSError):  # timed out: the request does not advance
+        urllib.request.urlopen(req, timeout=3)
+    started = time.monotonic()
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(srv.url("/health"), timeout=10)
+    assert answer.value.code == 503 and time.monotonic() - started >= 2
+    assert "Health check failed. Server couldn't get a response from detokenizer for last 2 seconds." in srv.log
+    assert srv.proc.poll() is None and "Traceback" not in srv.log
+    (run / "nccl-hang").unlink()  # what a reboot does
+    with urllib.request.urlopen(srv.url("/health"), timeout=10) as resp:
+        assert resp.status == 200
 
 
 def test_real_port_conflict_fails_the_same_way(lab):
