@@ -329,3 +329,27 @@ def test_the_live_queries_are_instant_queries_of_the_prometheus_given():
     urls = live_query_urls("http://10.0.0.10:9090/")
     assert set(urls) == {"running_requests", "kv_usage", "ttft_p99_seconds"}
     assert urls["kv_usage"] == ("http://10.0.0.10:9090/api/v1/query?query=max+by+%28host%29+%28sglang%3Atoken_usage%29")
+
+
+def test_a_host_the_fault_watcher_took_out_is_unhealthy_with_the_reason(monkeypatch, inventory, capsys):
+    record = {"state": "unfit", "reason": "gpu 3: Xid 79 GPU has fallen off the bus", "since": "2026-12-01T07:10:00+00:00",
+              "events": [{"code": 79}], "remediations": []}
+    held = dict(record, state="hardware", reason="needs hardware attention: fault back after the remediation")
+    hosts = [entry("lab-1", facts("ep8", "ep8", "ready")),
+             status_entry("lab-2", True, facts("ep8", "ep8", "ready"), {}, "inactive", None, {}, fault=record),
+             status_entry("lab-3", True, facts("ep8", "ep8", "ready"), {}, "inactive", None, {}, fault=held),
+             status_entry("lab-4", True, facts("ep8", "ep8", "ready"), {}, "active", 200, {"tp_size": 8},
+                          fault={"state": "healthy", "events": [{"code": 13}]})]
+    jsonschema.validate({"hosts": hosts}, STATUS_SCHEMA)
+    assert [h["state"] for h in hosts] == ["ready", "unhealthy", "unhealthy", "ready"]
+    assert "fault" not in hosts[3]
+    monkeypatch.setattr(runner, "run_playbook", FakeStatus(hosts))
+    assert cli.main(["status", "-i", str(inventory)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].split()[:6] == ["lab-2", "ep8", "ep8", "unhealthy", "(gpu", "3:"]
+    assert [c.strip() for c in lines[3].split("  ") if c.strip()][3:5] == [
+        "unhealthy (gpu 3: Xid 79 GPU has fallen off the bus)", "down"]
+    assert lines[-1] == (
+        "2 of 4 hosts serve what they were asked; lab-2 is unhealthy since 2026-12-01 07:10:00 UTC (gpu 3: Xid 79 GPU "
+        "has fallen off the bus): run moefleet remediate; lab-3 is unhealthy since 2026-12-01 07:10:00 UTC (needs "
+        "hardware attention: fault back after the remediation): it needs hardware attention")
