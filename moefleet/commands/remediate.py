@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     except runner.BadInput as exc:
         print(f"moefleet remediate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for host, line in sorted(outcome.reports.items()):
+    for _host, line in sorted(outcome.reports.items()):
         print(line)
     for host, why in sorted(outcome.failed.items()):
         print(f"{host}: {why}", file=sys.stderr)

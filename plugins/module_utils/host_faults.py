@@ -25,17 +25,20 @@ Public API:
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 REBOOT = "Reboot the host (moefleet remediate); if it returns, the GPU or its slot, riser or power needs service."
 RESTART = "SGLang restarts by itself; repeated, it points at the model's kernels or the driver."
 RECORD = "Recorded only; watch for more."
 
-# Xid: NVIDIA's meaning (the Xid Catalog, docs.nvidia.com/deploy/xid-errors), whether the host is unfit to serve until
-# it reboots, and what to do. The catalog's RESTART_APP and IGNORE codes end at most the SGLang process that hit them
-# (systemd restarts it): recorded. Its RESET_GPU, RESTART_BM, WORKFLOW_XID_48 and NVLink codes make the host unfit: a GPU
-# reset needs every process off the GPU, and with eight GPUs serving one model a reboot is what moefleet does. Xid 8
+# Xid: NVIDIA's meaning (the Xid Catalog, docs.nvidia.com/deploy/xid-errors), whether the host is unfit to serve
+# until it reboots, and what to do. The catalog's RESTART_APP and IGNORE codes end at most the SGLang process that hit
+# them (systemd restarts it): recorded. Its RESET_GPU, RESTART_BM, WORKFLOW_XID_48 and NVLink codes make the host
+# unfit: a GPU reset needs every process off the GPU, and with eight GPUs serving one model a reboot is what moefleet
+# does. Xid 8
 # is RESTART_APP in the catalog, but on Blackwell it comes with GSP watchdog timeouts that only a reboot clears
 # (NVIDIA/open-gpu-kernel-modules#1159, #1111): unfit here.
 XID: dict[int, tuple[str, bool, str]] = {
@@ -70,15 +73,16 @@ _RECOVERY = re.compile(r"recovery action changed from .* to (?P<value>0x[0-9a-fA
 # NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
 _XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)(?:, (?P<rest>.*))?")
 # NVRM: GPU 0000:41:00.0: GPU has fallen off the bus.   /   NVRM: The NVIDIA GPU 0000:41:00.0 ... fallen off the bus
-_OFF_BUS = re.compile(r"NVRM: .*?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]).*fallen off the bus")
+_BDF_TEXT = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
+_OFF_BUS = re.compile(r"NVRM: .*?(?P<pci>" + _BDF_TEXT + r").*fallen off the bus")
 # pcieport 0000:40:01.1: AER: Uncorrectable (Fatal) error message received from 0000:41:00.0
 # pcieport 0000:40:01.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)
-_AER_FATAL = re.compile(r"(?:AER: (?:Multiple )?Uncorrect(?:ed|able) \(Fatal\)|severity=Uncorrect(?:ed|able) \(Fatal\))")
-_BDF = re.compile(r"\b(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\b")
+_AER_FATAL = re.compile(r"AER: (?:Multiple )?Uncorrect(?:ed|able) \(Fatal\)|severity=Uncorrect(?:ed|able) \(Fatal\)")
+_BDF = re.compile(r"\b(?P<pci>" + _BDF_TEXT + r")\b")
 # pcieport 0000:40:01.1: pciehp: Slot(1): Link Down   /   ... Surprise Down Error
 _LINK_DOWN = re.compile(r"pciehp.*slot\(.*\): Link Down|Surprise (?:Link )?Down", re.IGNORECASE)
-# PyTorch's NCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=..., OpType=ALLREDUCE,
-# ...) ran for 600005 milliseconds before timing out."
+# PyTorch's NCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=...,
+# OpType=ALLREDUCE, ...) ran for 600005 milliseconds before timing out."
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: (?P<work>WorkNCCL\([^)]*\))?")
 
 
@@ -136,7 +140,8 @@ def hang_event(seconds: float, health_url: str) -> dict[str, Any]:
 # journalctl's short formats: "Dec 02 13:58:45 host kernel: MESSAGE", short-iso, short-precise, and dmesg's
 # "[12345.678901] MESSAGE"; -o cat has the message alone.
 _PREFIX = re.compile(
-    r"^(?:(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+-]+Z?) \S+ (?P<ident>[^\s:\[]+)(?:\[\d+\])?: )?"
+    r"^(?:(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+-]+Z?) \S+ "
+    r"(?P<ident>[^\s:\[]+)(?:\[\d+\])?: )?"
     r"(?:\[\s*\d+\.\d+\] )?")
 
 
@@ -149,10 +154,8 @@ def scan(text: str) -> list[dict[str, Any]]:
     for raw in text.splitlines():
         line = raw.strip()
         if line.startswith("{"):
-            try:
+            with contextlib.suppress(ValueError, AttributeError):
                 line = str(json.loads(line).get("MESSAGE") or "")
-            except (ValueError, AttributeError):
-                pass
         body = _PREFIX.sub("", line, count=1)
         event = classify_kernel(body) or classify_service(body)
         if event and not same_fault(events, event):

@@ -126,8 +126,8 @@ def status_entry(
     return {
         "host": host,
         "health": health,
-        "state": "unhealthy" if unfit else host_outcome(health, local.get("outcome"), local.get("serving_profile"),
-                                                         local.get("asked_profile")),
+        "state": "unhealthy" if unfit else host_outcome(
+            health, local.get("outcome"), local.get("serving_profile"), local.get("asked_profile")),
         "unit": unit,
         "serving_profile": local.get("serving_profile"),
         "asked_profile": local.get("asked_profile"),

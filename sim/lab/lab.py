@@ -326,7 +326,7 @@ def run_host(name: str, lab: str, tag: str, release: str) -> None:
            "--label", f"moefleet.suite-job={os.environ.get('MOEFLEET_SUITE_JOB', '')}",
            "--label", f"moefleet.os={release}", "--label", f"moefleet.ip={ip}",
            "--network", NETWORK, "--ip", ip, "--mac-address", static_mac(ip), "--systemd", "always", *host_options(),
-           # a host that reboots itself (ansible.builtin.reboot: systemd ends the container) comes back, as a machine does
+           # a host that reboots itself (ansible.builtin.reboot: systemd ends the container) comes back, as machines do
            "--restart", "always",
            "-v", f"{SSH_KEY.parent / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", tag)
 

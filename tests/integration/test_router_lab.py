@@ -244,7 +244,7 @@ def test_rollout_through_the_router_fails_no_request(routed_lab, tmp_path):
     assert _routed_to(router_url, "") == "HTTP 401"
 
 
-# ---- A fleet that heals (roles/fault_watch, playbooks/remediate.yml): after the first rollout, every worker on ep8 ----
+# ---- A fleet that heals (roles/fault_watch, playbooks/remediate.yml): after the first rollout, every worker on ep8
 HEALING: dict[str, str] = {}  # the worker each fault hit, for the tests after
 OUT_WITHIN_S = 30  # the issue's bound for a GPU fault; the watcher acts within a second of the kernel's line
 # a hang: SGLang's /health fails after its own 20 s, the lab's fault_watch_hang_seconds is 20 (one failed answer),
@@ -283,13 +283,14 @@ def _remediate(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
                           env=_env(), text=True, capture_output=True, timeout=900)
 
 
-def _fault_under_load(inventory: Path, router_url: str, fault: str, candidates: list[str], within: float) -> dict:
-    """Streaming load through the router (and, for the comparison, straight to every worker); the fault is injected
-    on the candidate running the most requests; returns when the load ended, with what it measured."""
+def _fault_under_load(inventory: Path, router_url: str, fault: str, candidates: list[str], within: float,
+                      seconds: float) -> dict:
+    """Streaming load through the router (and, for the comparison, straight to every worker) for `seconds`; the fault
+    is injected on the candidate running the most requests; returns when the load ended, with what it measured."""
     urls = _worker_urls(inventory)
     ids = {w["id"]: w["url"] for w in _router_workers(router_url)}
-    load = Load(router_url, 200, 4, MAX_TOKENS, api_key=WORKER_KEY).start()
-    direct = Load([urls[h] for h in WORKERS], 60, 1.5, MAX_TOKENS, api_key=WORKER_KEY).start()
+    load = Load(router_url, int(4 * seconds), 4, MAX_TOKENS, api_key=WORKER_KEY).start()
+    direct = Load([urls[h] for h in WORKERS], int(1.5 * seconds), 1.5, MAX_TOKENS, api_key=WORKER_KEY).start()
     deadline = time.monotonic() + 20
     while True:  # a worker with requests in flight, so that the fault cuts some
         running = {h: _loads(urls[h]) for h in candidates}
@@ -326,7 +327,8 @@ def test_a_gpu_that_falls_off_the_bus_takes_its_host_out_at_once(routed_lab, tmp
     (gpu 3, Xid 79), stopped SGLang, which systemd does not restart into the lost GPU; status calls it unhealthy."""
     inventory, router_url = routed_lab
     before = {h: len(_health_record(inventory, h).get("events", [])) for h in WORKERS[1:]}
-    measured = _fault_under_load(inventory, router_url, "xid79", WORKERS[1:], OUT_WITHIN_S)
+    # 20 s of load: out within a second of the fault (about 2 s in), then requests that must all go elsewhere
+    measured = _fault_under_load(inventory, router_url, "xid79", WORKERS[1:], OUT_WITHIN_S, 20)
     victim = HEALING["xid79"] = measured["victim"]
     assert measured["out_after_s"] <= OUT_WITHIN_S
     record = _health_record(inventory, victim)
@@ -360,8 +362,8 @@ def test_remediate_reboots_the_host_and_puts_it_back(routed_lab, tmp_path):
 
 def test_the_same_fault_right_after_keeps_the_host_out_with_the_evidence(routed_lab, tmp_path):
     """The same Xid 79 again, within fault_watch_retry_window of the remediation: out again at once, and
-    moefleet remediate keeps it out (no reboot loop) saying it needs hardware attention, with the evidence. After a
-    repair, -e fault_watch_retry_window=0 lets it back."""
+    moefleet remediate keeps it out (no reboot loop) saying it needs hardware attention, with the evidence; a deploy
+    to it is refused. After a repair, -e fault_watch_retry_window=0 lets it back."""
     inventory, router_url = routed_lab
     victim, url = HEALING["xid79"], _worker_urls(inventory)[HEALING["xid79"]]
     faulted = time.monotonic()
@@ -378,6 +380,12 @@ def test_the_same_fault_right_after_keeps_the_host_out_with_the_evidence(routed_
     assert _health_record(inventory, victim)["state"] == "hardware"
     entry = _status(inventory, tmp_path)[victim]
     assert entry["state"] == "unhealthy" and entry["fault"]["state"] == "hardware", entry
+    # A deploy does not start SGLang on it either: refused with the reason, before the unit changes.
+    unit = on_host(inventory, victim, "sha256sum /etc/systemd/system/sglang.service")
+    deployed = run_playbook(inventory, "deploy.yml", "profile=ep8", EXTRA, options=(*SERVE_ONLY, "-l", victim))
+    assert deployed.returncode != 0
+    assert f"{victim} is unfit to serve since" in deployed.stdout and "moefleet remediate" in deployed.stdout
+    assert on_host(inventory, victim, "sha256sum /etc/systemd/system/sglang.service") == unit
     again = _remediate(inventory, "-e", "fault_watch_retry_window=0")
     assert again.returncode == 0, again.stdout + again.stderr
     assert _routable(router_url, url)
@@ -388,7 +396,7 @@ def test_a_hang_while_serving_takes_the_host_out_and_remediate_brings_it_back(ro
     the watcher calls it a hang, takes the host out and stops SGLang; remediate reboots it back into service."""
     inventory, router_url = routed_lab
     others = [h for h in WORKERS[1:] if h != HEALING["xid79"]]
-    measured = _fault_under_load(inventory, router_url, "hang", others, HANG_OUT_WITHIN_S)
+    measured = _fault_under_load(inventory, router_url, "hang", others, HANG_OUT_WITHIN_S, 40)
     victim = measured["victim"]
     record = _health_record(inventory, victim)
     assert record["state"] == "unfit" and record["events"][-1]["kind"] == "hang", record

@@ -277,7 +277,8 @@ def test_a_kernel_excerpt_names_the_fault_and_what_to_do(capsys, tmp_path):
     path.write_text(KERNEL)
     code, out, _ = _run(capsys, path)
     assert code == 1
-    assert out.splitlines()[0] == "fault:  PCI 0000:61:00: Xid 79 GPU has fallen off the bus (the host is unfit to serve)"
+    assert out.splitlines()[0] == ("fault:  PCI 0000:61:00: Xid 79 GPU has fallen off the bus (the host is unfit to "
+                                   "serve)")
     assert "moefleet remediate" in out and out.count("fault:") == 1  # the driver's second line is the same fault
     path.write_text("[ 812.301] NVRM: Xid (PCI:0000:01:00): 13, pid=7, name=python3, Graphics SM Warp Exception\n")
     code, out, _ = _run(capsys, path, "--json")

@@ -332,7 +332,8 @@ def test_the_live_queries_are_instant_queries_of_the_prometheus_given():
 
 
 def test_a_host_the_fault_watcher_took_out_is_unhealthy_with_the_reason(monkeypatch, inventory, capsys):
-    record = {"state": "unfit", "reason": "gpu 3: Xid 79 GPU has fallen off the bus", "since": "2026-12-01T07:10:00+00:00",
+    record = {"state": "unfit", "reason": "gpu 3: Xid 79 GPU has fallen off the bus",
+              "since": "2026-12-01T07:10:00+00:00",
               "events": [{"code": 79}], "remediations": []}
     held = dict(record, state="hardware", reason="needs hardware attention: fault back after the remediation")
     hosts = [entry("lab-1", facts("ep8", "ep8", "ready")),

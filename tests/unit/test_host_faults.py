@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from ansible_collections.moefleet.serving.plugins.module_utils import host_faults as hf
 
 GPUS = [{"index": "0", "pci_bus_id": "00000000:01:00.0"}, {"index": "3", "pci_bus_id": "00000000:61:00.0"}]
@@ -68,7 +67,8 @@ def test_service_lines():
                "Timeout(ms)=600000) ran for 600005 milliseconds before timing out.")
     event = hf.classify_service(timeout)
     assert event and event["kind"] == "nccl_timeout" and event["unfit"]
-    assert hf.classify_service("[2026-12-02 10:00:00] INFO:     10.0.0.5:3 - \"POST /generate HTTP/1.1\" 200 OK") is None
+    access = "[2026-12-02 10:00:00] INFO:     10.0.0.5:3 - \"POST /generate HTTP/1.1\" 200 OK"
+    assert hf.classify_service(access) is None
 
 
 def test_reason_names_the_gpu_by_its_index():
@@ -78,7 +78,8 @@ def test_reason_names_the_gpu_by_its_index():
     assert hf.reason(event, GPUS) == "gpu 3: Xid 79 GPU has fallen off the bus"
     unknown = dict(event, pci="0000:99:00")
     assert hf.reason(unknown, GPUS) == "PCI 0000:99:00: Xid 79 GPU has fallen off the bus"
-    assert hf.reason(hf.hang_event(61, "http://127.0.0.1:30000/health", )).startswith("SGLang made no progress for 61 s")
+    hang = hf.hang_event(61, "http://127.0.0.1:30000/health")
+    assert hf.reason(hang).startswith("SGLang made no progress for 61 s")
 
 
 def test_the_drivers_second_fell_off_the_bus_line_is_the_same_fault():

@@ -225,7 +225,8 @@ class Handler(BaseHTTPRequestHandler):
                 tic = time.time()
                 time.sleep(HEALTH_CHECK_TIMEOUT)
                 line(st.clock, "", "Health check failed. Server couldn't get a response from detokenizer for last "
-                     f"{HEALTH_CHECK_TIMEOUT} seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. "
+                     f"{HEALTH_CHECK_TIMEOUT} seconds. tic start time: "
+                     f"{time.strftime('%H:%M:%S', time.localtime(tic))}. "
                      f"last_heartbeat time: {time.strftime('%H:%M:%S', time.localtime(st.last_output or tic))}")
                 self._send(503, b"", "text/plain")
             elif st.ready:
