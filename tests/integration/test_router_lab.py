@@ -382,7 +382,8 @@ def test_the_same_fault_right_after_keeps_the_host_out_with_the_evidence(routed_
     assert entry["state"] == "unhealthy" and entry["fault"]["state"] == "hardware", entry
     # A deploy does not start SGLang on it either: refused with the reason, before the unit changes.
     unit = on_host(inventory, victim, "sha256sum /etc/systemd/system/sglang.service")
-    deployed = run_playbook(inventory, "deploy.yml", "profile=ep8", EXTRA, options=(*SERVE_ONLY, "-l", victim))
+    deployed = run_playbook(inventory, "deploy.yml", "profile=ep8", EXTRA,
+                            options=(*SERVE_ONLY, "-l", f"{victim},localhost"))
     assert deployed.returncode != 0
     assert f"{victim} is unfit to serve since" in deployed.stdout and "moefleet remediate" in deployed.stdout
     assert on_host(inventory, victim, "sha256sum /etc/systemd/system/sglang.service") == unit
