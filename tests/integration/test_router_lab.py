@@ -11,7 +11,10 @@ rollout's confirmation fails on the hosts that would restart only, (4) a plain s
 serving worker finishes the requests in flight (KillMode=mixed) where KillMode=control-group cuts them, (5) a
 bench sweep of a worker measures the address it binds, out of the router, and puts it back, and (6) uninstall
 takes a host out of the router first. The workers require an API key and the gateway has it, as in the example
-inventory.
+inventory. Between (1) and (2), a fleet that heals (roles/fault_watch, docs/healing.md): a GPU that falls off the bus
+under load takes its host out of the router within a second, moefleet remediate reboots it back into service, the
+same fault right after keeps it out (and a deploy to it is refused) until a repair is declared, and a hang while
+serving is taken out and remediated the same way; every worker serves again after them.
 
 Cost (a fresh-clone make test, beside two other jobs): 14.9 minutes in all; the lab (3 workers from the installed
 base, tp8 on each, the gateway) 325 s, (1) 261 s, (2) 116 s, (3) 7 s, (4) 27 s, (5) 83 s, (6) 53 s, the removal 17 s.
