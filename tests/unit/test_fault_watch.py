@@ -198,3 +198,15 @@ def test_verify_clear_and_hold(host):
     record = facts(host)
     assert record["state"] == "healthy" and not Path(config["unfit_file"]).exists()
     assert record["remediations"][-1]["was"] == "hardware" and record["remediations"][-1]["note"] == "serviced"
+
+
+def test_a_cursor_journald_no_longer_has_is_dropped(host):
+    """A volatile journal after a reboot has lost the entry the watcher read last: journalctl refuses its cursor, and
+    the watcher forgets it (systemd restarts it, and it reads the boot from its start; events already recorded are
+    recognized by their key)."""
+    tmp = host[0]
+    (tmp / "bin" / "journalctl.entries").write_text(entry("c9", "a line of this boot") + "\n")
+    (tmp / "cursor").write_text("s=gone;i=1")
+    out = watch_until(host, lambda: not (tmp / "cursor").exists(), timeout=10)
+    assert not (tmp / "cursor").exists(), out
+    assert "journalctl ended" in out
