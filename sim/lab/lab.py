@@ -412,8 +412,12 @@ def reboot(host: str, timeout: float = 120) -> None:
 # of its own; the fault watcher trusts kernel lines from the kernel or from root).
 XID79_LINES = ("NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
                "NVRM: GPU 0000:{bus}:00.0: GPU has fallen off the bus.")
+# On the host: the GPU's PCI bus as its nvidia-smi gives it (before it is lost), then the fault, then the lines.
 INJECT_XID79 = """
 import json, os, subprocess, sys
+bus_id = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", sys.argv[1]],
+                        capture_output=True, text=True, check=True).stdout.strip()
+bus = bus_id.split(":")[-2].lower()
 os.makedirs("/run/sim-gpu", mode=0o755, exist_ok=True)
 path = "/run/sim-gpu/lost.json"
 try:
@@ -422,9 +426,8 @@ except (OSError, ValueError):
     lost = set()
 lost.add(int(sys.argv[1]))
 json.dump(sorted(lost), open(path, "w"))
-subprocess.run(["systemd-cat", "-t", "kernel", "-p", "err"], input=sys.argv[2], text=True, check=True)
+subprocess.run(["systemd-cat", "-t", "kernel", "-p", "err"], input=sys.argv[2].format(bus=bus), text=True, check=True)
 """
-SIM_BUS_IDS = ["01", "21", "41", "61", "81", "a1", "c1", "e1"]  # sim/gpu/nvidia-smi's
 
 
 def inject_fault(host: str, fault: str, gpu: int = 0) -> None:
@@ -433,7 +436,7 @@ def inject_fault(host: str, fault: str, gpu: int = 0) -> None:
     if name not in lab_containers():
         raise SystemExit(f"lab: no lab host {host}; `lab.py status` lists them")
     if fault == "xid79":
-        lines = "".join(line.format(bus=SIM_BUS_IDS[gpu % 8]) + "\n" for line in XID79_LINES)
+        lines = "".join(line + "\n" for line in XID79_LINES)
         podman("exec", name, "python3", "-c", INJECT_XID79, str(int(gpu)), lines)
     elif fault == "hang":
         podman("exec", name, "sh", "-c", "mkdir -p /run/sim-gpu && touch /run/sim-gpu/nccl-hang")
