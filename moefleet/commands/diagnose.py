@@ -35,6 +35,7 @@ import re
 import sys
 import time
 
+from ansible_collections.moefleet.serving.plugins.module_utils.host_faults import is_kernel_log
 from ansible_collections.moefleet.serving.plugins.module_utils.host_faults import reason as fault_reason
 from ansible_collections.moefleet.serving.plugins.module_utils.host_faults import scan as scan_faults
 from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import classify, is_log
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"moefleet diagnose: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     faults = scan_faults(text)
-    if faults and not _has_server_lines(text):
+    if (faults or is_kernel_log(text)) and not _has_server_lines(text):
         return _report_faults(args, faults)
     if not is_log(text):
         name = "stdin" if args.file == "-" else args.file
@@ -237,11 +238,14 @@ def _faults_text(faults: list[dict]) -> str:
 
 
 def _report_faults(args: argparse.Namespace, faults: list[dict]) -> int:
-    """A kernel excerpt (no SGLang line): its events, and 1 when one makes the host unfit."""
+    """A kernel excerpt (no SGLang line): its events, and 1 when one makes the host unfit; "no fault" (0) for a kernel
+    log without one."""
     unfit = any(f["unfit"] for f in faults)
+    state = "fault" if unfit else "recorded" if faults else "no fault"
     if args.json:
-        print(json.dumps({"file": args.file, "state": "fault" if unfit else "recorded", "host_faults": faults},
-                         indent=2))
-    else:
+        print(json.dumps({"file": args.file, "state": state, "host_faults": faults}, indent=2))
+    elif faults:
         print(_faults_text(faults))
+    else:
+        print("no fault: no Xid, fallen-off-the-bus, fatal PCIe or link-down line in this kernel log")
     return EXIT_FAILED if unfit else EXIT_READY

@@ -18,6 +18,11 @@ Public API:
     classify_service(message) -> dict | None     one line of sglang.service's output
     hang_event(seconds, health_url) -> dict      the serving process made no progress for that long
     scan(text) -> list[dict]                     every event in a pasted journal excerpt (any journalctl format)
+    is_kernel_log(text) -> bool                  the text is a kernel log (journalctl -k, dmesg, syslog's kernel lines)
+    KernelLines().feed(message) -> str           a message with the driver's earlier lines of the same record joined
+    is_progress(message) -> bool                 a line of sglang.service that shows its scheduler working
+    serving_devices(gpus) -> set[str]            the GPUs' PCI addresses and the bridges above them (the baseline's)
+    concerns_serving(event, devices) -> bool     a PCIe event of one of those devices (others are recorded only)
     same_fault(earlier, event) -> bool           the event repeats one of `earlier` (the driver's second line)
     reason(event, gpus=None) -> str              "gpu 3: Xid 79 GPU has fallen off the bus"
     gpu_index(pci, gpus) -> int | None           the nvidia-smi index of a kernel PCI address
@@ -74,7 +79,7 @@ _RECOVERY = re.compile(r"recovery action changed from .* to (?P<value>0x[0-9a-fA
 _XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)(?:, (?P<rest>.*))?")
 # NVRM: GPU 0000:41:00.0: GPU has fallen off the bus.   /   NVRM: The NVIDIA GPU 0000:41:00.0 ... fallen off the bus
 _BDF_TEXT = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
-_OFF_BUS = re.compile(r"NVRM: .*?(?P<pci>" + _BDF_TEXT + r").*fallen off the bus")
+_OFF_BUS = re.compile(r"NVRM: .*?(?P<pci>" + _BDF_TEXT + r").*fallen off the bus", re.S)
 # pcieport 0000:40:01.1: AER: Uncorrectable (Fatal) error message received from 0000:41:00.0
 # pcieport 0000:40:01.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)
 _AER_FATAL = re.compile(r"AER: (?:Multiple )?Uncorrect(?:ed|able) \(Fatal\)|severity=Uncorrect(?:ed|able) \(Fatal\)")
@@ -137,30 +142,109 @@ def hang_event(seconds: float, health_url: str) -> dict[str, Any]:
                   "(ACS on the PCIe switches): see docs/healing.md.", None, None, f"GET {health_url} failed")
 
 
-# journalctl's short formats: "Dec 02 13:58:45 host kernel: MESSAGE", short-iso, short-precise, and dmesg's
-# "[12345.678901] MESSAGE"; -o cat has the message alone.
+# journalctl's short formats: "Dec 02 13:58:45 host kernel: MESSAGE", short-iso, short-precise, syslog files without
+# the host ("Mar 29 15:38:59 kernel: MESSAGE": a hostname has no colon, so "kernel:" is never taken for one), and
+# dmesg's "[12345.678901] MESSAGE"; -o cat has the message alone.
 _PREFIX = re.compile(
-    r"^(?:(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+-]+Z?) \S+ "
+    r"^(?:(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+-]+Z?) (?:[^\s:]+ )?"
     r"(?P<ident>[^\s:\[]+)(?:\[\d+\])?: )?"
     r"(?:\[\s*\d+\.\d+\] )?")
+# dmesg with -T: "[Sun Mar 29 15:38:59 2026] MESSAGE"
+_DMESG_TIME = re.compile(r"^\[\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\] ")
+# What only a kernel log has: the kernel's identifier, dmesg's uptime stamp, the NVIDIA driver's or PCIe's own lines.
+_KERNEL_LINE = re.compile(r"^(?:\S.* )?kernel: |^\[\s*\d+\.\d+\] |^\[\w{3} \w{3} [ \d]\d [\d:]{8} \d{4}\] |"
+                          r"^NVRM: |^(?:pcieport|nvidia|nvme) [0-9a-f]{4}:")
+
+
+class KernelLines:
+    """Joins the NVIDIA driver's record that dmesg and the journal print as three lines:
+
+        NVRM: The NVIDIA GPU 0000:b3:00.0
+        NVRM: (PCI ID: 10de:2bb5) installed in this system has
+        NVRM: fallen off the bus and is not responding to commands.
+
+    feed() returns the message to classify: the last line with the two before it, or the message itself."""
+
+    def __init__(self) -> None:
+        self._recent: list[str] = []
+
+    def feed(self, message: str) -> str:
+        text = message.strip()
+        out = text
+        if "NVRM:" in text and "fallen off the bus" in text and not _BDF.search(text):
+            out = "\n".join([*self._recent[-2:], text])
+        self._recent = ([*self._recent, text] if text.startswith("NVRM:") else [])[-2:]
+        return out
+
+
+def _body(raw: str) -> str:
+    import json  # noqa: PLC0415  (only for -o json lines)
+
+    line = raw.strip()
+    if line.startswith("{"):
+        with contextlib.suppress(ValueError, AttributeError):
+            line = str(json.loads(line).get("MESSAGE") or "")
+    line = _DMESG_TIME.sub("", line, count=1)
+    return _PREFIX.sub("", line, count=1)
 
 
 def scan(text: str) -> list[dict[str, Any]]:
-    """Every event in a journal excerpt: kernel messages (a line of `journalctl -k`, dmesg, or a MESSAGE of
-    `journalctl -o json`) and the serving unit's output."""
-    import json  # noqa: PLC0415  (only for -o json lines)
-
+    """Every event in a journal excerpt: kernel messages (a line of `journalctl -k`, dmesg, a syslog file, or a
+    MESSAGE of `journalctl -o json`) and the serving unit's output."""
     events = []
+    joined = KernelLines()
     for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError, AttributeError):
-                line = str(json.loads(line).get("MESSAGE") or "")
-        body = _PREFIX.sub("", line, count=1)
+        body = joined.feed(_body(raw))
         event = classify_kernel(body) or classify_service(body)
         if event and not same_fault(events, event):
             events.append(event)
     return events
+
+
+def is_kernel_log(text: str) -> bool:
+    """Most of the text's non-empty lines are kernel lines (a healthy dmesg or `journalctl -k` excerpt)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    kernel = sum(1 for line in lines if _KERNEL_LINE.search(line))
+    return bool(lines) and kernel * 2 >= len(lines)
+
+
+# SGLang's scheduler prints one line per prefill batch (each chunk of a chunked prefill) and one per
+# --decode-log-interval decode batches (observability/scheduler_metrics_mixin.py): "Prefill batch, #new-seq: 1,
+# #new-token: 8192, ..." and "Decode batch, #running-req: 3, ...". While they come, the scheduler makes progress,
+# whatever /health says (it is 503 during a long prefill: nothing comes back before the first token).
+_PROGRESS = re.compile(r"\b(?:Prefill|Decode) batch[.,]? #(?:new-seq|running-req)")
+
+
+def is_progress(message: str) -> bool:
+    return bool(_PROGRESS.search(message))
+
+
+def serving_devices(gpus: Sequence[Mapping[str, Any]] | None) -> set[str]:
+    """The PCI devices serving depends on: each GPU of the baseline and the bridges above it (its "upstream",
+    resolved from sysfs when the baseline was taken), as bus:device.function without the domain."""
+    out: set[str] = set()
+    for gpu in gpus or []:
+        for pci in [gpu.get("pci_bus_id"), *(gpu.get("upstream") or [])]:
+            norm = _norm_bdf(pci)
+            if norm:
+                out.add(norm)
+    return out
+
+
+def concerns_serving(event: Mapping[str, Any], devices: set[str]) -> bool:
+    """A PCIe event (fatal AER, link down) concerns serving when the device it names is a GPU or a bridge above one.
+    Other devices' events (an NVMe bay hot-swapped, a NIC's link) are recorded, never acted on; so is an event that
+    names no device, or any PCIe event when the GPUs' addresses are unknown (no baseline)."""
+    if event.get("kind") not in ("pcie_fatal", "link_down"):
+        return True
+    norm = _norm_bdf(event.get("pci"))
+    return bool(norm and norm in devices)
+
+
+def _norm_bdf(pci: Any) -> str | None:
+    """00000000:41:00.0 / 0000:41:00.0 / 41:00.0 -> 41:00.0 (lower case); None when it is not an address."""
+    match = re.search(r"([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$", str(pci or "").strip())
+    return match.group(1).lower() if match else None
 
 
 def same_fault(earlier: Sequence[Mapping[str, Any]], event: Mapping[str, Any]) -> bool:

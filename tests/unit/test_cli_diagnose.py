@@ -291,3 +291,25 @@ def test_a_server_log_with_the_kernel_lines_has_both(capsys, tmp_path):
     code, out, _ = _run(capsys, path, "--json")
     result = json.loads(out)
     assert code == 1 and result["state"] == "ready" and [f["code"] for f in result["host_faults"]] == [79]
+
+
+def test_a_healthy_kernel_log_is_no_fault_not_a_bad_input(capsys, tmp_path):
+    path = tmp_path / "dmesg.txt"
+    path.write_text("[    4.301245] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release "
+                    "Build\n"
+                    "[   61.772010] NVRM: gpuClearFbhubPoisonIntrForBug2924523_GA100: FBHUB Interrupt detected. "
+                    "Clearing it.\n"
+                    "[   62.000101] nvme nvme0: 16/0/0 default/read/poll queues\n")
+    code, out, err = _run(capsys, path)
+    assert (code, err) == (0, "") and out.startswith("no fault:")
+    code, out, _ = _run(capsys, path, "--json")
+    assert code == 0 and json.loads(out)["state"] == "no fault" and json.loads(out)["host_faults"] == []
+
+
+def test_a_syslog_excerpt_without_hostnames_with_the_three_line_record(capsys, tmp_path):
+    path = tmp_path / "kern.log"
+    path.write_text("Mar 29 15:38:59 kernel: NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+                    "Mar 29 15:38:59 kernel: NVRM: (PCI ID: 10de:2bb5) installed in this system has\n"
+                    "Mar 29 15:38:59 kernel: NVRM: fallen off the bus and is not responding to commands.\n")
+    code, out, _ = _run(capsys, path)
+    assert code == 1 and out.splitlines()[0].startswith("fault:  PCI 0000:b3:00.0: GPU has fallen off the bus")

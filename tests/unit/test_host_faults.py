@@ -105,3 +105,104 @@ def test_scan_reads_journal_excerpts_in_any_format():
     assert [e["code"] for e in hf.scan(dmesg)] == [119]
     assert [e["code"] for e in hf.scan(as_json)] == [48]
     assert hf.scan("nothing here\n") == []
+
+
+# -- the shapes real pastes have (syslog without a hostname, dmesg's three-line record) -----------------------------
+
+def test_a_syslog_line_without_a_hostname_is_read():
+    (event,) = hf.scan("Mar 29 15:38:59 kernel: NVRM: Xid (PCI:0000:b3:00): 79, pid='<unknown>', name=<unknown>, "
+                       "GPU has fallen off the bus.\n")
+    assert (event["kind"], event["code"], event["pci"]) == ("xid", 79, "0000:b3:00")
+    # the identifier is not taken for a hostname, nor NVRM for the identifier
+    assert hf.scan("Mar 29 15:38:59 kernel: NVRM: GPU 0000:b3:00.0: GPU has fallen off the bus.")[0]["kind"] == \
+        "fell_off_bus"
+
+
+THREE_LINES = ("NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+               "NVRM: (PCI ID: 10de:2bb5) installed in this system has\n"
+               "NVRM: fallen off the bus and is not responding to commands.\n")
+
+
+@pytest.mark.parametrize("prefix", ["", "[ 5012.332811] ", "[Sun Mar 29 15:38:59 2026] ", "Mar 29 15:38:59 kernel: ",
+                                    "Mar 29 15:38:59 gpu-7 kernel: "])
+def test_the_drivers_three_line_fallen_off_the_bus_record_is_one_event(prefix):
+    text = "".join(prefix + line + "\n" for line in THREE_LINES.splitlines())
+    (event,) = hf.scan(text)
+    assert (event["kind"], event["pci"], event["unfit"]) == ("fell_off_bus", "0000:b3:00.0", True)
+    # the last line alone names no GPU: not an event by itself
+    assert hf.scan(prefix + "NVRM: fallen off the bus and is not responding to commands.\n") == []
+    # after the Xid 79 of the same GPU it is that fault, not a second one
+    xid = prefix + "NVRM: Xid (PCI:0000:b3:00): 79, pid=0, GPU has fallen off the bus.\n"
+    assert [e["code"] for e in hf.scan(xid + text)] == [79]
+
+
+def test_the_joiner_keeps_unrelated_lines_apart():
+    lines = hf.KernelLines()
+    assert lines.feed("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04") == \
+        "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04"
+    assert lines.feed("usb 1-1: new high-speed USB device") == "usb 1-1: new high-speed USB device"
+    # the chain was broken by a line of another driver: nothing to join
+    assert lines.feed("NVRM: fallen off the bus and is not responding to commands.") == \
+        "NVRM: fallen off the bus and is not responding to commands."
+
+
+# A healthy kernel log of a real GPU host (NVIDIA H200, driver 580.159.04, 2026-12-04): NVRM lines, no Xid.
+HEALTHY_DMESG = """\
+[    4.118233] nvidia: loading out-of-tree module taints kernel.
+[    4.301245] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build
+[    5.002114] NVRM: Persistence mode is deprecated and will be removed in a future release.
+[   61.772010] NVRM: gpuClearFbhubPoisonIntrForBug2924523_GA100: FBHUB Interrupt detected. Clearing it.
+[   62.000101] nvme nvme0: 16/0/0 default/read/poll queues
+"""
+
+
+def test_a_healthy_dmesg_is_a_kernel_log_without_events():
+    assert hf.scan(HEALTHY_DMESG) == []
+    assert hf.is_kernel_log(HEALTHY_DMESG)
+    assert hf.is_kernel_log("Mar 29 15:38:59 kernel: NVRM: loading NVIDIA UNIX Open Kernel Module\n")
+    assert not hf.is_kernel_log("[project]\nname = 'x'\n# kernel: not a log\n")
+    assert not hf.is_kernel_log("")
+
+
+# -- progress and which devices concern serving ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("line", "progress"), [
+    ("[2026-12-04 10:00:01 TP0] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.03, "
+     "#running-req: 0, #queue-req: 1, ", True),
+    ("[2026-12-04 10:00:01 TP0] Prefill batch. #new-seq: 1, #new-token: 16384, #cached-token: 0, ", True),
+    ("[2026-12-04 10:00:09 TP0] Decode batch, #running-req: 3, #token: 41000, token usage: 0.11, "
+     "gen throughput (token/s): 61.20, #queue-req: 0, ", True),
+    ('INFO:     10.0.0.5:51234 - "GET /health HTTP/1.1" 503 Service Unavailable', False),
+    ("[2026-12-04 10:00:01] Prefill batch size changed", False),
+])
+def test_progress_lines(line, progress):
+    assert hf.is_progress(line) is progress
+
+
+BASELINE = [{"index": "0", "pci_bus_id": "00000000:41:00.0", "upstream": ["0000:40:01.1", "0000:3f:00.0"]},
+            {"index": "1", "pci_bus_id": "00000000:42:00.0", "upstream": ["0000:40:01.1", "0000:3f:00.0"]}]
+
+
+@pytest.mark.parametrize(("line", "concerns"), [
+    ("pcieport 0000:40:01.1: AER: Uncorrectable (Fatal) error message received from 0000:41:00.0", True),
+    ("nvidia 0000:42:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Inaccessible, (Unregistered Agent ID)",
+     True),
+    ("pcieport 0000:3f:00.0: pciehp: Slot(2): Link Down", True),  # the switch above the GPUs
+    # an NVMe bay hot-swapped, a NIC's link: other devices, under other ports
+    ("pcieport 0000:c0:01.1: AER: Uncorrectable (Fatal) error message received from 0000:c1:00.0", False),
+    ("nvme 0000:c1:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Inaccessible, (Unregistered Agent ID)",
+     False),
+    ("pcieport 0000:c0:03.1: pciehp: Slot(12): Link Down", False),
+    ("pcieport 0000:80:01.1:    [ 5] Surprise Down Error    (First)", False),
+    ("pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010", False),  # names no device of ours
+])
+def test_pcie_events_concern_serving_only_for_the_gpus_and_the_bridges_above_them(line, concerns):
+    event = hf.classify_kernel(line)
+    assert event is not None and event["unfit"]  # the table alone calls each one unfit
+    assert hf.concerns_serving(event, hf.serving_devices(BASELINE)) is concerns
+    assert hf.concerns_serving(event, set()) is False  # no baseline: recorded, never acted on
+
+
+def test_gpu_events_always_concern_serving():
+    event = hf.classify_kernel("NVRM: Xid (PCI:0000:c1:00): 79, pid=0, GPU has fallen off the bus.")
+    assert hf.concerns_serving(event, set())
