@@ -20,11 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run playbooks/remediate.yml: each host the fault watcher (roles/fault_watch) found unfit, at most "
             "--max-unavailable at a time, stays out of every router, reboots, has its GPUs checked against what it "
-            "had when it last deployed (count, PCI addresses, driver, PCIe link), starts the last unit that served "
-            "and goes back into every router. A host whose fault came back within fault_watch_retry_window of its "
-            "last remediation, or whose GPUs differ after the reboot, is kept out and reported as needing hardware "
-            "attention, with the evidence. Healthy hosts are left alone. Exit status: 0 when every unfit host "
-            "serves again (or none was unfit); 1 when a host was kept out or the run failed; 2 on bad input."
+            "had when it last deployed (count, PCI addresses, driver, the trained PCIe links), starts the last unit "
+            "that served, checks it as a deploy does (readiness, the correctness gate, the links under load) and "
+            "goes back into every router. A host whose fault came back within fault_watch_retry_window of its last "
+            "remediation, whose GPUs differ after the reboot, or whose start fails those checks, is kept out and "
+            "reported as needing hardware attention, with the evidence. Healthy hosts are left alone. Exit status: 0 "
+            "when every unfit host serves again (or none was unfit); 1 when a host was kept out or the run failed; "
+            "2 on bad input."
         ),
     )
     add_target_arguments(parser)

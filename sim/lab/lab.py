@@ -20,6 +20,9 @@
                                        and the simulated nvidia-smi and SGLang find the GPU lost until HOST reboots
     lab.py fault HOST hang             every NCCL collective on HOST hangs (until it reboots): SGLang stops making
                                        progress, with no error
+    lab.py fault HOST pcie-downtrain [--gpu N]
+                                       GPU N's PCIe link trains at 16 GT/s x8 instead of 32 GT/s x16 (its simulated
+                                       sysfs, LAB_SYSFS); hardware: it stays after a reboot, until the next `up`
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
     lab.py status                      list the lab's containers and addresses
     lab.py ssh-config [--inventory P]  print the path of the ssh_config written for that inventory's hosts
@@ -48,6 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 import devnodes  # noqa: E402  (sim/gpu: the NVIDIA driver's device nodes)
+import pci_tree  # noqa: E402  (sim/gpu: the host's PCI devices as sysfs shows them)
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = Path(os.environ.get("MOEFLEET_LAB_DIR", REPO / ".lab"))
@@ -364,6 +368,13 @@ def proc_devices_lines() -> str:
 LAB_TIME_SCALE = "0.25"
 
 
+# The host's PCI devices as sysfs shows them (sim/gpu/pci_tree.py): LAB_SYSFS is what the inventory gives the
+# fault watcher (fault_watch_sysfs_pci_devices). Under /etc/sim-gpu, as the GPUs' spec: it survives a reboot.
+LAB_SYSFS_ROOT = "/etc/sim-gpu"
+LAB_SYSFS = f"{LAB_SYSFS_ROOT}/sys/bus/pci/devices"
+PCI_TREE_SOURCE = (Path(__file__).resolve().parents[1] / "gpu" / "pci_tree.py").read_text()
+
+
 def prepare_host(name: str) -> None:
     """At every `up`: what stands in for the host's hardware and boot, never for what the roles install. The
     shared-root unit (SHARED_ROOT_UNIT, enabled, and run now for this boot), the driver's /proc/devices lines
@@ -376,6 +387,8 @@ def prepare_host(name: str) -> None:
               f"printf '%s' '{SHARED_ROOT_UNIT}' > {unit} && "
               f"ln -sf {unit} /etc/systemd/system/sysinit.target.wants/ && mount --make-rshared /")
     podman("exec", name, "sh", "-c", script)
+    # The PCI devices' sysfs (sim/gpu/pci_tree.py), written again at each `up`: a downtrained link is repaired there.
+    podman("exec", name, "python3", "-c", PCI_TREE_SOURCE, LAB_SYSFS_ROOT, *pci_tree.gpu_bus_ids())
 
 
 def reboot(host: str, timeout: float = 120) -> None:
@@ -440,9 +453,13 @@ def inject_fault(host: str, fault: str, gpu: int = 0) -> None:
         podman("exec", name, "python3", "-c", INJECT_XID79, str(int(gpu)), lines)
     elif fault == "hang":
         podman("exec", name, "sh", "-c", "mkdir -p /run/sim-gpu && touch /run/sim-gpu/nccl-hang")
+    elif fault == "pcie-downtrain":  # the GPU's bus as its nvidia-smi gives it, then its link in the host's sysfs
+        bus_id = podman("exec", name, "nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader",
+                        "-i", str(int(gpu))).stdout.strip()
+        podman("exec", name, "python3", "-c", PCI_TREE_SOURCE, LAB_SYSFS_ROOT, "--downtrain", bus_id, "16", "8")
     else:
-        raise SystemExit(f"lab: unknown fault {fault!r} (xid79, hang)")
-    log(f"injected {fault} on {host}" + (f" (GPU {gpu})" if fault == "xid79" else ""))
+        raise SystemExit(f"lab: unknown fault {fault!r} (xid79, hang, pcie-downtrain)")
+    log(f"injected {fault} on {host}" + (f" (GPU {gpu})" if fault in ("xid79", "pcie-downtrain") else ""))
 
 
 def ensure_mirror(tag: str) -> str:
@@ -738,8 +755,9 @@ def main() -> None:
     reboot_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
     fault_p = sub.add_parser("fault", help="inject a hardware fault on a lab host (cleared by its next reboot)")
     fault_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
-    fault_p.add_argument("fault", choices=["xid79", "hang"])
-    fault_p.add_argument("--gpu", type=int, default=0, help="the GPU that falls off the bus (xid79)")
+    fault_p.add_argument("fault", choices=["xid79", "hang", "pcie-downtrain"])
+    fault_p.add_argument("--gpu", type=int, default=0,
+                         help="the GPU that falls off the bus (xid79) or whose link trains slower (pcie-downtrain)")
     sub.add_parser("status")
     ssh_p = sub.add_parser("ssh-config", help="print the path of the ssh_config for an inventory's hosts")
     ssh_p.add_argument("--inventory", type=Path, default=INVENTORY)
