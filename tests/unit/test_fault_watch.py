@@ -22,6 +22,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "sim" / "gpu"))
+import pci_tree  # noqa: E402  (the lab's simulated PCI tree)
+
 WATCH = ROOT / "roles" / "fault_watch" / "files" / "moefleet-fault-watch"
 ADMIN = "admin-key-for-the-test-0123456789"
 WORKER = "http://10.0.0.7:30000"
@@ -97,6 +100,8 @@ def host(tmp_path):
         "cursor_file": str(tmp_path / "cursor"), "baseline_file": str(tmp_path / "gpu-baseline.json"),
         "routers": [{"name": "gw", "url": f"http://127.0.0.1:{server.server_port}", "admin_key": ADMIN}],
     }
+    pci_tree.write(str(tmp_path / "sysroot"), pci_tree.gpu_bus_ids())  # the lab's PCI tree: GPUs under 2 switches
+    config["sysfs_pci_devices"] = str(tmp_path / "sysroot" / "sys" / "bus" / "pci" / "devices")
     (tmp_path / "config.json").write_text(json.dumps(config))
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SIM_GPU_RUN_DIR=str(tmp_path / "run"),
                SIM_GPU_STATE_DIR=str(tmp_path / "procs"))
@@ -187,10 +192,10 @@ def test_verify_clear_and_hold(host):
     assert "GPU is lost" in json.loads(done.stdout)["problems"][0]
     (tmp / "run" / "lost.json").unlink()
     baseline = json.loads(Path(config["baseline_file"]).read_text())
-    baseline["gpus"][5]["pcie_width"] = "32"  # it had a wider link than it has now
+    baseline["gpus"][5]["driver_version"] = "570.1"  # it had another driver
     Path(config["baseline_file"]).write_text(json.dumps(baseline))
     assert json.loads(command(host, "verify").stdout)["problems"] == [
-        "GPU 5 (00000000:A1:00.0): PCIe link width 16, was 32"]
+        "GPU 5 (0000:a1:00.0): driver 580.95.05, was 570.1"]
     Path(config["unfit_file"]).write_text("{}")
     assert command(host, "hold", "fault back").returncode == 0
     assert facts(host)["state"] == "hardware" and Path(config["unfit_file"]).exists()
@@ -210,3 +215,97 @@ def test_a_cursor_journald_no_longer_has_is_dropped(host):
     out = watch_until(host, lambda: not (tmp / "cursor").exists(), timeout=10)
     assert not (tmp / "cursor").exists(), out
     assert "journalctl ended" in out
+
+
+# -- the GPUs' PCIe links (verify, baseline): sysfs, the lab's PCI tree (sim/gpu/pci_tree.py) written per test -----
+
+
+class Busy(BaseHTTPRequestHandler):
+    """SGLang's /health while the GPUs work: each answer (a one-token generation on every GPU) brings the idle links
+    back to the speed they trained at, as the driver does; `trained` is that speed per sysfs directory."""
+
+    trained: dict = {}
+    calls = 0
+
+    def do_GET(self):  # noqa: N802
+        Busy.calls += 1
+        for directory, speed in Busy.trained.items():
+            (directory / "current_link_speed").write_text(speed + "\n")
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def links(host):
+    tmp, _, config = host
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Busy.trained, Busy.calls = {}, 0
+    config.update(health_url=f"http://127.0.0.1:{server.server_port}/health", link_load_seconds=2)
+    (tmp / "config.json").write_text(json.dumps(config))
+    yield Path(config["sysfs_pci_devices"])
+    server.shutdown()
+
+
+def idle(devices: Path, address: str) -> list[Path]:
+    """The GPU at `address` idles: its link reads 2.5 GT/s at both ends, the width unchanged."""
+    gpu = (devices / address).resolve()
+    for directory in (gpu, gpu.parent):
+        (directory / "current_link_speed").write_text("2.5 GT/s PCIe\n")
+    return [gpu, gpu.parent]
+
+
+def test_the_baseline_records_the_bridges_above_each_gpu(host, links):
+    assert command(host, "baseline").returncode == 0
+    gpus = json.loads(Path(host[2]["baseline_file"]).read_text())["gpus"]
+    gpu2 = gpus[2]
+    assert (gpu2["pci_bus_id"], gpu2["address"]) == ("00000000:41:00.0", "0000:41:00.0")  # sysfs's 4-digit domain
+    # the symlink chain /sys/devices/pci0000:00/0000:00:01.1/0000:10:00.0/0000:11:10.0/0000:41:00.0, root port first
+    assert gpu2["upstream"] == ["0000:00:01.1", "0000:10:00.0", "0000:11:10.0"]
+    assert gpus[5]["upstream"] == ["0000:80:01.1", "0000:90:00.0", "0000:91:08.0"]  # the other socket's switch
+    assert gpu2["links"]["0000:41:00.0"] == {"speed": 32.0, "width": 16, "max_speed": 32.0, "max_width": 16}
+    assert set(gpu2["links"]) == {*gpu2["upstream"], "0000:41:00.0"}
+
+
+def test_a_baseline_taken_while_idle_records_the_trained_speed(host, links):
+    Busy.trained = dict.fromkeys(idle(links, "0000:61:00.0"), "32.0 GT/s PCIe")
+    assert command(host, "baseline").returncode == 0
+    gpu3 = json.loads(Path(host[2]["baseline_file"]).read_text())["gpus"][3]
+    assert gpu3["links"]["0000:61:00.0"]["speed"] == 32.0 and Busy.calls > 0
+
+
+def test_a_link_retrained_narrower_fails_at_once(host, links):
+    assert command(host, "baseline").returncode == 0
+    pci_tree.downtrain(str(links.parents[3]), "00000000:41:00.0", "16.0 GT/s PCIe", 8)  # both ends of GPU 2's link
+    done = command(host, "verify")
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["problems"] == [
+        "GPU 2 (0000:41:00.0): the PCIe link of bridge 0000:11:10.0 above it trained at 16 GT/s x8, was 32 GT/s x16",
+        "GPU 2 (0000:41:00.0): its PCIe link trained at 16 GT/s x8, was 32 GT/s x16"]
+
+
+def test_a_link_retrained_slower_fails_under_load(host, links):
+    assert command(host, "baseline").returncode == 0
+    pci_tree.downtrain(str(links.parents[3]), "00000000:C1:00.0", "16.0 GT/s PCIe", 16)  # gen 4 instead of 5
+    before = json.loads(command(host, "verify").stdout)  # SGLang not started: an idle GPU reads slower too
+    assert before["ok"] and "GPU 6 (0000:c1:00.0): its PCIe link reads 16 GT/s x16, was 32 GT/s x16 (idle?)" in \
+        before["pending"]
+    done = command(host, "verify", "--under-load")
+    assert done.returncode == 1 and Busy.calls > 0  # SGLang answered, the link did not come up
+    assert "GPU 6 (0000:c1:00.0): its PCIe link trained at 16 GT/s x16 under load, was 32 GT/s x16" in \
+        json.loads(done.stdout)["problems"]
+
+
+def test_an_idle_gpu_whose_link_speed_is_lowered_is_not_a_fault(host, links):
+    """The healthy case that looks like the fault: an idle GPU's link reads 2.5 GT/s (its power saving), and comes
+    back to 32 GT/s as soon as SGLang makes it work."""
+    assert command(host, "baseline").returncode == 0
+    Busy.trained = dict.fromkeys(idle(links, "0000:81:00.0"), "32.0 GT/s PCIe")
+    before = json.loads(command(host, "verify").stdout)
+    assert before["ok"] and before["problems"] == [] and len(before["pending"]) == 2
+    done = command(host, "verify", "--under-load")
+    assert done.returncode == 0, done.stdout
+    assert json.loads(done.stdout)["pending"] == [] and Busy.calls > 0
