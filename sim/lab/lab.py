@@ -18,6 +18,8 @@
                                        again with a new /dev, and only the host's own units set it up again
     lab.py fault HOST xid79 [--gpu N]  GPU N (default 0) of HOST falls off the bus: the kernel's lines go to its journal
                                        and the simulated nvidia-smi and SGLang find the GPU lost until HOST reboots
+    lab.py fault HOST xid79-lines [--gpu N]   the same kernel lines only (the GPU keeps answering: an old fault)
+    lab.py fault HOST nvme-aer|nic-down       another device's fatal PCIe lines (an NVMe drive, a NIC's link)
     lab.py fault HOST hang             every NCCL collective on HOST hangs (until it reboots): SGLang stops making
                                        progress, with no error
     lab.py fault HOST pcie-downtrain [--gpu N]
@@ -443,14 +445,44 @@ subprocess.run(["systemd-cat", "-t", "kernel", "-p", "err"], input=sys.argv[2].f
 """
 
 
+# Healthy hosts' lines that look like a GPU's fault (the kernel's AER and pciehp wording, drivers/pci/pcie/aer.c and
+# hotplug/pciehp_ctrl.c): an NVMe drive's fatal AER error and a NIC's surprise link down, at the addresses the lab's
+# simulated PCI tree (sim/gpu/pci_tree.py) gives those devices, under root ports of their own.
+OTHER_DEVICE_LINES = {
+    "nvme-aer": ("pcieport 0000:00:03.1: AER: Uncorrectable (Fatal) error message received from 0000:05:00.0",
+                 "nvme 0000:05:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), type=Inaccessible, "
+                 "(Unregistered Agent ID)",
+                 "nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff"),
+    "nic-down": ("pcieport 0000:80:03.1: pciehp: Slot(4): Link Down",
+                 "pcieport 0000:80:03.1: AER: Uncorrected (Fatal) error received: 0000:80:03.1",
+                 "pcieport 0000:80:03.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, "
+                 "(Receiver ID)",
+                 "pcieport 0000:80:03.1:    [ 5] Surprise Down Error    (First)",
+                 "mlx5_core 0000:85:00.0: mlx5_pci_err_detected Device state = 1 pci_status: 1. Enter, "
+                 "pci channel state = 3"),
+}
+KERNEL_LINES = ("import subprocess, sys; subprocess.run(['systemd-cat', '-t', 'kernel', '-p', 'err'], "
+                "input=sys.argv[1], text=True, check=True)")
+FAULTS = ("xid79", "xid79-lines", "hang", "pcie-downtrain", *OTHER_DEVICE_LINES)
+
+
 def inject_fault(host: str, fault: str, gpu: int = 0) -> None:
-    """Test equipment: a hardware fault on a lab host, cleared by its next reboot (/run/sim-gpu is on tmpfs)."""
+    """Test equipment: a hardware fault on a lab host, cleared by its next reboot (/run/sim-gpu is on tmpfs).
+    xid79-lines writes the kernel's Xid 79 lines only (the GPU keeps answering: a fault of the past, as an old boot
+    log holds); nvme-aer and nic-down write other devices' PCIe lines."""
     name = host if host.startswith(f"{PREFIX}-") else f"{PREFIX}-{host}"
     if name not in lab_containers():
         raise SystemExit(f"lab: no lab host {host}; `lab.py status` lists them")
     if fault == "xid79":
         lines = "".join(line + "\n" for line in XID79_LINES)
         podman("exec", name, "python3", "-c", INJECT_XID79, str(int(gpu)), lines)
+    elif fault == "xid79-lines":
+        bus_id = podman("exec", name, "nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader",
+                        "-i", str(int(gpu))).stdout.strip()
+        lines = "".join(line.format(bus=bus_id.split(":")[-2].lower()) + "\n" for line in XID79_LINES)
+        podman("exec", name, "python3", "-c", KERNEL_LINES, lines)
+    elif fault in OTHER_DEVICE_LINES:
+        podman("exec", name, "python3", "-c", KERNEL_LINES, "".join(line + "\n" for line in OTHER_DEVICE_LINES[fault]))
     elif fault == "hang":
         podman("exec", name, "sh", "-c", "mkdir -p /run/sim-gpu && touch /run/sim-gpu/nccl-hang")
     elif fault == "pcie-downtrain":  # the GPU's bus as its nvidia-smi gives it, then its link in the host's sysfs
@@ -458,8 +490,9 @@ def inject_fault(host: str, fault: str, gpu: int = 0) -> None:
                         "-i", str(int(gpu))).stdout.strip()
         podman("exec", name, "python3", "-c", PCI_TREE_SOURCE, LAB_SYSFS_ROOT, "--downtrain", bus_id, "16", "8")
     else:
-        raise SystemExit(f"lab: unknown fault {fault!r} (xid79, hang, pcie-downtrain)")
-    log(f"injected {fault} on {host}" + (f" (GPU {gpu})" if fault in ("xid79", "pcie-downtrain") else ""))
+        raise SystemExit(f"lab: unknown fault {fault!r} ({', '.join(FAULTS)})")
+    log(f"injected {fault} on {host}" + (f" (GPU {gpu})" if fault in ("xid79", "xid79-lines", "pcie-downtrain")
+                                         else ""))
 
 
 def ensure_mirror(tag: str) -> str:
@@ -755,7 +788,7 @@ def main() -> None:
     reboot_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
     fault_p = sub.add_parser("fault", help="inject a hardware fault on a lab host (cleared by its next reboot)")
     fault_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
-    fault_p.add_argument("fault", choices=["xid79", "hang", "pcie-downtrain"])
+    fault_p.add_argument("fault", choices=FAULTS)
     fault_p.add_argument("--gpu", type=int, default=0,
                          help="the GPU that falls off the bus (xid79) or whose link trains slower (pcie-downtrain)")
     sub.add_parser("status")
