@@ -26,6 +26,7 @@ import base64
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ansible_collections.moefleet.serving.plugins.modules import gateway_route  # noqa: E402
+from key_search import key_hits  # noqa: E402
 from playbook import ROOT, SERVE_ONLY, on_host, run_playbook, ssh_config_path  # noqa: E402
 from router_load import Load, percentile  # noqa: E402
 
@@ -247,6 +249,22 @@ def test_rollout_through_the_router_fails_no_request(routed_lab, tmp_path):
     assert _routed_to(router_url, "") == "HTTP 401"
 
 
+def test_no_worker_holds_the_gateway_admin_key(routed_lab):
+    """No file and no process environment or command line of any worker holds the gateway's admin key
+    (tests/key_search.py: the key goes to each host's grep on its standard input); the gateway host does (its
+    credential), which shows the search finds it where it is."""
+    inventory, _ = routed_lab
+
+    def on(host: str):
+        def run(argv: list[str], stdin: str) -> str:
+            return subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), host, shlex.join(argv)], input=stdin,
+                                  text=True, capture_output=True, timeout=600).stdout
+        return run
+
+    assert {h: key_hits(on(h), ADMIN_KEY) for h in WORKERS} == {h: [] for h in WORKERS}
+    assert "/etc/smg/credentials/smg-secrets" in key_hits(on(f"{LAB}-router"), ADMIN_KEY)
+
+
 # ---- A fleet that heals (roles/fault_watch, playbooks/remediate.yml): after the first rollout, every worker on ep8
 HEALING: dict[str, str] = {}  # the worker each fault hit, for the tests after
 OUT_WITHIN_S = 30  # the issue's bound for a GPU fault; the watcher acts within a second of the kernel's line
@@ -338,7 +356,9 @@ def test_a_gpu_that_falls_off_the_bus_takes_its_host_out_at_once(routed_lab, tmp
     assert record["state"] == "unfit" and record["reason"] == "gpu 3: Xid 79 GPU has fallen off the bus", record
     xids = [e for e in record["events"][before[victim]:] if e.get("code") == 79]
     assert len(xids) == 1, record["events"]  # the driver's second "fallen off the bus" line is the same fault
-    assert xids[0]["actions"] == {"routers": {f"{LAB}-router": "removed"}, "stopped": True}
+    assert xids[0]["actions"] == {"stopped": True}  # the worker calls no gateway: the gateway's guard took it out
+    left_out = _ssh(inventory, f"{LAB}-router", "cat /var/lib/smg/workers-left-out").split()
+    assert _worker_urls(inventory)[victim] in left_out  # a restarted gateway leaves it out
     time.sleep(8)  # past the serving drop-in's first RestartSec (5 s)
     state = on_host(inventory, victim, "systemctl show -p ActiveState --value sglang.service").strip()
     assert state in ("inactive", "failed"), state

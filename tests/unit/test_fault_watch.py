@@ -1,9 +1,10 @@
 """moefleet's fault watcher (roles/fault_watch/files/moefleet-fault-watch) run as the unit runs it, with stand-ins for
-what a unit test cannot have (journalctl's follow mode fed from a file, systemctl recording its calls, a router's
-worker API) and the lab's simulated nvidia-smi for the GPU baseline and the check after a reboot.
+what a unit test cannot have (journalctl's follow mode fed from a file, systemctl recording its calls) and the lab's
+simulated nvidia-smi for the GPU baseline and the check after a reboot.
 
-What it must do: a kernel Xid 79 written by the kernel (or root) takes the host out of the router with the admin key,
-stops SGLang, writes the unfit file and records the event once, also across a restart of the watcher; a "kernel"
+What it must do: a kernel Xid 79 written by the kernel (or root) stops SGLang, writes the unfit file, records the
+event once, also across a restart of the watcher, and GET /fitness says "unfit" (the host calls no gateway and holds
+no key: the gateways' guards read /fitness, tests/unit/test_gateway_guard.py); a "kernel"
 line from another user is ignored; an Xid that is an application error is only recorded; verify finds a lost GPU
 and a narrower PCIe link; clear and hold keep the record."""
 
@@ -12,22 +13,24 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "sim" / "gpu"))
 import pci_tree  # noqa: E402  (the lab's simulated PCI tree)
 
 WATCH = ROOT / "roles" / "fault_watch" / "files" / "moefleet-fault-watch"
-ADMIN = "admin-key-for-the-test-0123456789"
-WORKER = "http://10.0.0.7:30000"
 
 FAKE_JOURNALCTL = r'''#!/usr/bin/env python3
 import sys, time
@@ -54,32 +57,10 @@ def entry(cursor: str, message: str, **fields: str) -> str:
     return json.dumps({"__CURSOR": cursor, "MESSAGE": message, **fields})
 
 
-class Router(BaseHTTPRequestHandler):
-    calls: list = []
-
-    def _ok(self) -> bool:
-        if self.headers.get("Authorization") != f"Bearer {ADMIN}":
-            self.send_response(401)
-            self.end_headers()
-            return False
-        return True
-
-    def do_GET(self):  # noqa: N802
-        if self._ok():
-            body = json.dumps({"workers": [{"id": "w-1", "url": WORKER}, {"id": "w-2", "url": "http://10.0.0.8:30000"}]})
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-    def do_DELETE(self):  # noqa: N802
-        if self._ok():
-            Router.calls.append(self.path)
-            self.send_response(202)
-            self.end_headers()
-
-    def log_message(self, *args):
-        pass
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture()
@@ -90,15 +71,12 @@ def host(tmp_path):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     (bin_dir / "nvidia-smi").symlink_to(ROOT / "sim" / "gpu" / "nvidia-smi")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    Router.calls = []
     config = {
         "unit": "sglang.service", "lib": str(ROOT / "plugins" / "module_utils"),
-        "health_url": "http://127.0.0.1:9/health", "worker_url": WORKER, "interval": 3600, "hang_seconds": 60,
+        "health_url": "http://127.0.0.1:9/health", "interval": 3600, "hang_seconds": 60,
         "facts_file": str(tmp_path / "facts.d" / "moefleet_health.fact"), "unfit_file": str(tmp_path / "unfit"),
         "cursor_file": str(tmp_path / "cursor"), "baseline_file": str(tmp_path / "gpu-baseline.json"),
-        "routers": [{"name": "gw", "url": f"http://127.0.0.1:{server.server_port}", "admin_key": ADMIN}],
+        "status_host": "127.0.0.1", "status_port": free_port(),
     }
     pci_tree.write(str(tmp_path / "sysroot"), pci_tree.gpu_bus_ids())  # the lab's PCI tree: GPUs under 2 switches
     config["sysfs_pci_devices"] = str(tmp_path / "sysroot" / "sys" / "bus" / "pci" / "devices")
@@ -106,7 +84,6 @@ def host(tmp_path):
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SIM_GPU_RUN_DIR=str(tmp_path / "run"),
                SIM_GPU_STATE_DIR=str(tmp_path / "procs"))
     yield tmp_path, env, config
-    server.shutdown()
 
 
 def command(host, *args):
@@ -129,6 +106,37 @@ def watch_until(host, done, timeout=20):
     return proc.communicate()[0]
 
 
+def ask(host, path: str = "/fitness", method: str = "GET"):
+    """The watcher's answer at `path` on its status address: the JSON, "HTTP <code>", or None when nothing answers."""
+    req = urllib.request.Request(f"http://127.0.0.1:{host[2]['status_port']}{path}", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.load(resp)
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except OSError:
+        return None
+
+
+def watch_and_ask(host, done, timeout=20, questions=(("/fitness", "GET"),)):
+    """The watcher run until done() (at most `timeout` s); then what its status address answers to each question,
+    once it answers at all (bounded by 20 s): ([answers], output)."""
+    tmp, env, _ = host
+    proc = subprocess.Popen([sys.executable, str(WATCH), str(tmp / "config.json")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not done():
+            time.sleep(0.1)
+        deadline = time.monotonic() + 20
+        while ask(host) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answers = [ask(host, path, method) for path, method in questions]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # with its journalctl
+    return answers, proc.communicate()[0]
+
+
 def facts(host) -> dict:
     path = Path(host[2]["facts_file"])
     return json.loads(path.read_text()) if path.exists() else {}
@@ -148,37 +156,56 @@ def test_an_xid_79_takes_the_host_out_once(host):
         entry("c5", "INFO: a line of the server", _SYSTEMD_UNIT="sglang.service"),
     ]) + "\n")
     assert command(host, "baseline").returncode == 0  # GPU 3 is at 61:00 in the baseline
-    out = watch_until(host, lambda: any("actions" in e for e in facts(host).get("events", [])))
+    (told,), out = watch_and_ask(host, lambda: any("actions" in e for e in facts(host).get("events", [])))
     record = facts(host)
     assert record["state"] == "unfit", out
     assert record["reason"] == "gpu 3: Xid 79 GPU has fallen off the bus"
     assert [(e["code"], e["unfit"]) for e in record["events"]] == [(13, False), (79, True)], out
-    assert record["events"][1]["actions"] == {"routers": {"gw": "removed"}, "stopped": True}
-    assert Router.calls == ["/workers/w-1"]  # its own entry, with the admin key
+    assert record["events"][1]["actions"] == {"stopped": True}  # no gateway call: the host holds no key
+    # what the gateways' guards read: the record's state, reason and time
+    assert told == {"state": "unfit", "reason": record["reason"], "since": record["since"]}, out
     calls = (tmp / "bin" / "systemctl.calls").read_text()
     assert "stop --no-block sglang.service" in calls and "kill --kill-whom=all --signal=SIGKILL sglang.service" in calls
     assert json.loads((tmp / "unfit").read_text())["code"] == 79
     assert (tmp / "cursor").read_text() != ""
     # A restart of the watcher reads on from its cursor: nothing is recorded twice, nothing is done twice.
     watch_until(host, lambda: False, timeout=2)
-    assert len(facts(host)["events"]) == 2 and Router.calls == ["/workers/w-1"]
+    assert len(facts(host)["events"]) == 2
     # Even without its cursor, an event already recorded is not recorded again.
     (tmp / "cursor").unlink()
     watch_until(host, lambda: False, timeout=2)
-    assert len(facts(host)["events"]) == 2 and Router.calls == ["/workers/w-1"]
+    assert len(facts(host)["events"]) == 2
+    assert (tmp / "bin" / "systemctl.calls").read_text().count("kill --kill-whom=all") == 1  # nothing done twice
 
 
-def test_a_wrong_admin_key_is_reported_not_hidden(host):
+def test_root_s_kernel_line_counts_and_fitness_follows_the_record(host):
     tmp, _, config = host
-    config["routers"][0]["admin_key"] = "wrong-key-0123456789"
-    (tmp / "config.json").write_text(json.dumps(config))
+    # A host that never had an event is healthy; nothing but /fitness is served, and nothing changes through it.
+    (tmp / "bin" / "journalctl.entries").write_text("")
+    told, out = watch_and_ask(host, lambda: False, timeout=0,
+                              questions=(("/fitness", "GET"), ("/health", "GET"), ("/fitness", "POST")))
+    assert told == [{"state": "healthy", "reason": None, "since": None}, "HTTP 404", "HTTP 501"], out
     (tmp / "bin" / "journalctl.entries").write_text(entry(
         "c1", "NVRM: Xid (PCI:0000:01:00): 119, pid=1, name=python3, Timeout after 6s of waiting for RPC response",
         SYSLOG_IDENTIFIER="kernel", _UID="0", _TRANSPORT="stdout") + "\n")  # root's line counts
-    watch_until(host, lambda: any("actions" in e for e in facts(host).get("events", [])))
-    event = facts(host)["events"][0]
-    assert event["actions"]["routers"]["gw"].startswith("did not answer (401")
-    assert event["actions"]["stopped"] is True and Router.calls == []
+    (told,), out = watch_and_ask(host, lambda: any("actions" in e for e in facts(host).get("events", [])))
+    assert facts(host)["events"][0]["actions"] == {"stopped": True}
+    assert told["state"] == "unfit" and "Xid 119" in told["reason"] and told["reason"] == facts(host)["reason"], out
+    # hold and clear change what it answers (the record is read at each question)
+    assert command(host, "hold", "fault back").returncode == 0
+    assert watch_and_ask(host, lambda: False, timeout=0)[0][0]["state"] == "hardware"
+    assert command(host, "clear", "serviced").returncode == 0
+    assert watch_and_ask(host, lambda: False, timeout=0)[0] == [{"state": "healthy", "reason": None,
+                                                                 "since": facts(host)["since"]}]
+
+
+def test_the_role_gives_the_watcher_no_gateway_and_no_key():
+    """The worker's configuration names no gateway and holds no key (roles/fault_watch/tasks/main.yml)."""
+    tasks = yaml.safe_load((WATCH.parents[1] / "tasks" / "main.yml").read_text())
+    config = next(t for t in tasks if t["name"] == "Write the watcher's configuration")
+    keys = set(config["vars"]["_fault_watch_config"])
+    assert keys.isdisjoint({"routers", "admin_key", "worker_url"}) and {"status_host", "status_port"} <= keys
+    assert not any("router" in str(t).lower() for t in tasks), "the watcher's role reads no router"
 
 
 def test_verify_clear_and_hold(host):
