@@ -17,6 +17,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.moefleet.serving.plugins.module_utils import (
     extra_flags,
     gpu_memory,
+    host_faults,
     host_state,
     planner,
     playbook_inputs,
@@ -265,6 +266,13 @@ def metrics_flags(enabled, flags=None):
     return serving_model.metrics_flags(bool(enabled), flags)
 
 
+def xid_codes(unfit):
+    """The Xids of the fault watcher's table (host_faults.XID) that make a host unfit (``true``) or that it only
+    records or leaves to SGLang's restart (``false``), in order: ``{{ true | moefleet.serving.xid_codes }}`` (the
+    alert rules page for the first only)."""
+    return sorted(code for code, (_, makes_unfit, _) in host_faults.XID.items() if makes_unfit == bool(unfit))
+
+
 # Scrape jobs of moefleet's Prometheus (roles/monitoring_server) and the role each group's hosts have in them.
 SCRAPE_JOBS = ("sglang", "smg", "node", "dcgm")
 
@@ -338,5 +346,6 @@ class FilterModule:
             "model_flags": model_flags,
             "metrics_flags": metrics_flags,
             "scrape_targets": scrape_targets,
+            "xid_codes": xid_codes,
             "live_query_urls": live_query_urls,
         }

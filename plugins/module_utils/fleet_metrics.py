@@ -9,13 +9,15 @@ directory; the unit tests and ``promtool check metrics`` read the same text.
   while serving), so alert rules see it too.
 - ``gpu_text``: ``nvidia-smi --query-gpu`` figures and the kernel log's last Xid per GPU, under the DCGM exporter's
   names and labels (``DCGM_FI_DEV_GPU_TEMP{gpu, UUID, pci_bus_id, device, modelName, Hostname}``), so the same
-  rules and dashboards work with either collector (docs/monitoring.md).
+  rules and dashboards work with either collector (docs/monitoring.md). The Xids are the fault watcher's reading of
+  the kernel log (host_faults.classify_kernel, copied beside this file): ``last_xids`` takes its events.
+- ``maintenance_text``: that a moefleet run (deploy, rollout, remediate) works on the host since when, for the
+  alert rules' maintenance inhibition (the maintenance module writes it).
 """
 
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -31,8 +33,9 @@ GPU_FAMILIES = (
     ("DCGM_FI_DEV_FB_USED", "memory.used", "Framebuffer memory used (in MiB)."),
     ("DCGM_FI_DEV_FB_FREE", "memory.free", "Framebuffer memory free (in MiB)."),
 )
-# The kernel's line for an Xid: "NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus."
-_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})[^)]*\): (?P<xid>\d+)")
+# What a moefleet run that works on a host says it does (the maintenance module's reason).
+MAINTENANCE_REASONS = ("deploy", "rollout", "remediate")
+MAINTENANCE_FILE = "moefleet_maintenance.prom"
 
 
 def escape(value: Any) -> str:
@@ -124,12 +127,25 @@ def parse_smi_csv(text: str) -> list[dict[str, str]]:
     return rows
 
 
-def last_xids(kernel_log: str) -> dict[str, int]:
-    """The last Xid the kernel logged per GPU, by its PCI bus (``17:00`` form, lower case)."""
+def last_xids(events: Iterable[Mapping[str, Any] | None]) -> dict[str, int]:
+    """The last Xid per GPU, by its PCI bus (``17:00`` form, lower case), from the fault watcher's events of the
+    kernel log's lines in order (host_faults.classify_kernel; None for a line that is no event)."""
     out: dict[str, int] = {}
-    for match in _XID.finditer(kernel_log or ""):
-        out[_bus(match.group("bus"))] = int(match.group("xid"))
+    for event in events:
+        if event and event.get("kind") == "xid" and event.get("pci") and event.get("code") is not None:
+            out[_bus(str(event["pci"]))] = int(event["code"])
     return out
+
+
+def maintenance_text(reason: str, started: float) -> str:
+    """``moefleet_maintenance_start_timestamp_seconds{reason}``: when the run that works on the host started, 0 once
+    it ended. One series per reason, always the same labels, so the rules' last_over_time sees an end as a 0."""
+    if reason not in MAINTENANCE_REASONS:
+        raise ValueError(f"maintenance reason {reason!r} is none of {', '.join(MAINTENANCE_REASONS)}")
+    return "\n".join(family(
+        "moefleet_maintenance_start_timestamp_seconds",
+        "When the moefleet run working on the host (deploy, rollout, remediate) started; 0 when none is.",
+        [({"reason": r}, started if r == reason else 0) for r in MAINTENANCE_REASONS])) + "\n"
 
 
 def _bus(bus_id: str) -> str:

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ansible_collections.moefleet.serving.plugins.module_utils import fleet_metrics
+import pytest
+from ansible_collections.moefleet.serving.plugins.module_utils import fleet_metrics, host_faults
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import promtool  # noqa: E402
@@ -65,7 +66,8 @@ def test_promtool_lint_can_fail():
 
 def test_gpus_under_the_dcgm_exporters_names_with_the_last_xid_per_gpu():
     rows = fleet_metrics.parse_smi_csv(SMI)
-    text = fleet_metrics.gpu_text(rows, fleet_metrics.last_xids(KERNEL), "gpu-node-01")
+    xids = fleet_metrics.last_xids(host_faults.classify_kernel(line) for line in KERNEL.splitlines())
+    text = fleet_metrics.gpu_text(rows, xids, "gpu-node-01")
     got = samples(text)
     gpu0 = ('{gpu="0",UUID="GPU-aaaa",pci_bus_id="00000000:17:00.0",device="nvidia0",'
             'modelName="NVIDIA RTX PRO 6000 Blackwell Server Edition",Hostname="gpu-node-01"}')
@@ -116,3 +118,26 @@ def test_the_fault_watchers_record_says_whether_the_host_is_out():
     assert healthy['moefleet_host_unfit{state="unfit"}'] == 0
     never = samples(fleet_metrics.state_text(LOCAL, RUNTIME))  # a host the watcher never recorded anything on
     assert never['moefleet_host_unfit{state="unfit"}'] == 0 and never["moefleet_host_last_fault_timestamp_seconds"] == 0
+
+
+def test_the_xids_are_the_fault_watchers_reading_of_the_kernel_log():
+    """The collector reads Xids as the watcher does (host_faults.classify_kernel): other NVRM lines and PCIe events
+    are no Xid; the last one per GPU counts."""
+    lines = ["NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04",
+             "NVRM: Xid (PCI:0000:3d:00): 13, pid=1234, name=python3, Graphics SM Warp Exception",
+             "pcieport 0000:40:01.1: AER: Uncorrectable (Fatal) error message received from 0000:41:00.0",
+             "NVRM: Xid (PCI:0000:17:00): 43, pid=99, name=python3, Ch 00000008",
+             "NVRM: Xid (PCI:0000:3d:00): 79, pid=1234, name=python3, GPU has fallen off the bus."]
+    assert fleet_metrics.last_xids(host_faults.classify_kernel(line) for line in lines) == {"3d:00": 79, "17:00": 43}
+
+
+def test_maintenance_says_which_run_works_on_the_host_with_the_same_series_at_its_end():
+    started = samples(fleet_metrics.maintenance_text("rollout", 1796205600))
+    assert started == {'moefleet_maintenance_start_timestamp_seconds{reason="deploy"}': 0,
+                       'moefleet_maintenance_start_timestamp_seconds{reason="rollout"}': 1796205600,
+                       'moefleet_maintenance_start_timestamp_seconds{reason="remediate"}': 0}
+    ended = samples(fleet_metrics.maintenance_text("rollout", 0))
+    assert set(ended) == set(started) and set(ended.values()) == {0}
+    assert lint(fleet_metrics.maintenance_text("remediate", 1796205600)).returncode == 0
+    with pytest.raises(ValueError, match="none of deploy, rollout, remediate"):
+        fleet_metrics.maintenance_text("upgrade", 1)

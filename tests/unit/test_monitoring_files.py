@@ -79,9 +79,50 @@ def case(alert, inputs, fires_at, labels, summary, quiet_at=None, quiet_inputs=N
     return alert, inputs, fires_at, labels, summary, quiet_at, quiet_inputs
 
 
+UNIT = {**NODE_W1, "name": "sglang.service"}
+
+
+def unit(state: str, started_at: int, samples: int = 20) -> list[dict]:
+    """node_exporter's systemd collector on the worker: sglang.service in `state` since `started_at` seconds."""
+    return [series("node_systemd_unit_state", {**UNIT, "state": s}, f"{1 if s == state else 0}x{samples}")
+            for s in ("activating", "active", "deactivating", "inactive", "failed")] + [
+        series("node_systemd_unit_start_time_seconds", UNIT, f"{started_at}x{samples}")]
+
+
+WORKER_DOWN = "gpu-node-01: SGLang does not answer its /metrics scrape"
+MAINTENANCE = {**NODE_W1, "reason": "deploy"}
+IN_MAINTENANCE = "gpu-node-01: moefleet deploy works on the host; its alerts are inhibited"
 CASES = [
+    # No systemd series (a node_exporter without its systemd collector): down is down.
     case("MoefleetWorkerDown", [series("up", SGLANG_W1, "1 1 0x20")], "2m", {**SGLANG_W1, "severity": "critical"},
-         "gpu-node-01: SGLang does not answer its /metrics scrape", quiet_at="45s"),
+         WORKER_DOWN, quiet_at="45s",
+         # a restart (after an OOM, or by hand) loading the model: the unit active since 15 s, /metrics not up yet
+         quiet_inputs=[series("up", SGLANG_W1, "1 0x20"), *unit("active", 15)]),
+    # Stopped (or failed): it fires whatever the unit's last start.
+    case("MoefleetWorkerDown", [series("up", SGLANG_W1, "1 0x20"), *unit("inactive", 15)], "2m",
+         {**SGLANG_W1, "severity": "critical"}, WORKER_DOWN, quiet_at="30s",
+         quiet_inputs=[series("up", SGLANG_W1, "1 0x20"), *unit("activating", 15)]),
+    # A start that loads for longer than a deploy waits (sglang_service_ready_timeout, 2700 s): it fires then.
+    case("MoefleetWorkerDown", [series("up", SGLANG_W1, "1 0x220"), *unit("active", 15, 220)], "47m",
+         {**SGLANG_W1, "severity": "critical"}, WORKER_DOWN, quiet_at="45m"),
+    # A deploy works on the host from 30 s: in maintenance (Alertmanager inhibits the host's other alerts) ...
+    case("MoefleetInMaintenance",
+         [series("moefleet_maintenance_start_timestamp_seconds", MAINTENANCE, "0 0 30x10 0x20")], "1m",
+         {**MAINTENANCE, "severity": "none"}, IN_MAINTENANCE,
+         quiet_at="4m",  # ... until it writes its end (0)
+         # a host the fault watcher keeps out is never in maintenance (a deploy to it is refused)
+         quiet_inputs=[series("moefleet_maintenance_start_timestamp_seconds", MAINTENANCE, "0 0 30x10"),
+                       series("moefleet_host_unfit", {**NODE_W1, "state": "unfit"}, "1x12")]),
+    # ... also while the host reboots (no scrape of its node_exporter for minutes) ...
+    case("MoefleetInMaintenance",
+         [series("moefleet_maintenance_start_timestamp_seconds", MAINTENANCE, "0 0 30x4 _x60")], "15m",
+         {**MAINTENANCE, "severity": "none"}, IN_MAINTENANCE,
+         quiet_at="15s"),
+    # ... and at most monitoring_server_maintenance_max_seconds (6 h): a run killed before its end stops inhibiting.
+    case("MoefleetInMaintenance",
+         [series("moefleet_maintenance_start_timestamp_seconds", MAINTENANCE, "0 0 30x1500")], "5h59m",
+         {**MAINTENANCE, "severity": "none"}, IN_MAINTENANCE,
+         quiet_at="6h1m"),
     case("MoefleetNotServing",
          [series("moefleet_host_info", {**NODE_W1, "asked_profile": "tp2ep4", "serving_profile": "",
                                         "outcome": "failed"}, "1x20")], "2m",
@@ -123,23 +164,28 @@ CASES = [
          "15m", {"host": "gpu-node-01", "severity": "warning"},
          "gpu-node-01: 60 requests waiting, and more each minute", quiet_at="10m",
          quiet_inputs=[series("sglang:num_queue_reqs", {**SGLANG_W1, "tp_rank": "0"}, "40x80")]),
-    # Every first token between 1 and 20 s (p99 19.81 s), or under 1 s.
+    # Every first token between 200 and 400 s (p99 398 s): requests wait. Quiet: agent prompts whose prefill takes
+    # 100 to 200 s (p99 199 s), a healthy host's long-prompt traffic.
     case("MoefleetTTFTAboveSLO",
-         [series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "1"}, "0x100"),
-          series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "20"}, "0+10x100"),
+         [series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "200"}, "0x100"),
+          series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "400"}, "0+10x100"),
           series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "+Inf"}, "0+10x100")],
-         "16m", {"host": "gpu-node-01", "severity": "warning"}, "gpu-node-01: p99 time to first token 19.81s",
+         "16m", {"host": "gpu-node-01", "severity": "warning"}, "gpu-node-01: p99 time to first token 6m 38s",
          quiet_at="5m",
-         quiet_inputs=[series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "1"}, "0+10x100"),
+         quiet_inputs=[series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "100"}, "0x100"),
+                       series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "200"}, "0+10x100"),
                        series("sglang:time_to_first_token_seconds_bucket", {**SGLANG_W1, "le": "+Inf"},
                               "0+10x100")]),
+    # Gaps between 1 and 2 s (p99 1.99 s): streams stall. Quiet: gaps of 0.4 to 0.6 s, the prefill chunks of long
+    # prompts between decode steps.
     case("MoefleetITLAboveSLO",
-         [series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "0.05"}, "0x100"),
-          series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "0.25"}, "0+10x100"),
+         [series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "1"}, "0x100"),
+          series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "2"}, "0+10x100"),
           series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "+Inf"}, "0+10x100")],
-         "16m", {"host": "gpu-node-01", "severity": "warning"}, "gpu-node-01: p99 time between tokens 248ms",
+         "16m", {"host": "gpu-node-01", "severity": "warning"}, "gpu-node-01: p99 time between tokens 1.99s",
          quiet_at="5m",
-         quiet_inputs=[series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "0.05"}, "0+10x100"),
+         quiet_inputs=[series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "0.4"}, "0x100"),
+                       series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "0.6"}, "0+10x100"),
                        series("sglang:inter_token_latency_seconds_bucket", {**SGLANG_W1, "le": "+Inf"},
                               "0+10x100")]),
     case("MoefleetGatewayDown", [series("up", GATEWAY, "1 0x20")], "2m", {**GATEWAY, "severity": "critical"},
@@ -153,8 +199,23 @@ CASES = [
          {**GATEWAY, "worker": "http://10.0.0.11:30000", "severity": "warning"},
          "gateway-01: the gateway's circuit breaker for http://10.0.0.11:30000 is open", quiet_at="0s",
          quiet_inputs=[series("smg_worker_cb_state", {**GATEWAY, "worker": "http://10.0.0.11:30000"}, "0 2x10")]),
-    case("MoefleetGPUXid", [series("DCGM_FI_DEV_XID_ERRORS", GPU3, "0 0 79x10")], "1m",
-         {**GPU3, "severity": "critical"}, "gpu-node-01: GPU 3 reported Xid 79", quiet_at="15s"),
+    # A new Xid that makes the host unfit (host_faults.XID) pages, for monitoring_server_xid_window (10 m) ...
+    case("MoefleetGPUXid", [series("DCGM_FI_DEV_XID_ERRORS", GPU3, "0 0 79x60")], "1m",
+         {**GPU3, "severity": "critical"}, "gpu-node-01: GPU 3 reported Xid 79", quiet_at="15s",
+         # a record-only Xid (43: the application hit a fault, the GPU stays healthy) never pages
+         quiet_inputs=[series("DCGM_FI_DEV_XID_ERRORS", GPU3, "0 0 43x60")]),
+    # ... and stops while the value, the last Xid since boot, stays until the reboot; one seen at the collector's
+    # first scrape (logged before it ran) is no new event.
+    case("MoefleetGPUXid", [series("DCGM_FI_DEV_XID_ERRORS", GPU3, "0 0 79x60")], "10m",
+         {**GPU3, "severity": "critical"}, "gpu-node-01: GPU 3 reported Xid 79", quiet_at="11m",
+         quiet_inputs=[series("DCGM_FI_DEV_XID_ERRORS", GPU3, "79x60")]),
+    # Xid 13 then 79 on the same GPU: the unfit one pages.
+    case("MoefleetGPUXid", [series("DCGM_FI_DEV_XID_ERRORS", GPU3, "0 13x4 79x60")], "2m",
+         {**GPU3, "severity": "critical"}, "gpu-node-01: GPU 3 reported Xid 79", quiet_at="30s"),
+    # Record-only and RESTART_APP codes (SGLang ends, systemd restarts it) are info: shown, sent nowhere.
+    case("MoefleetGPUXidRecorded", [series("DCGM_FI_DEV_XID_ERRORS", GPU3, "0 0 13x60")], "1m",
+         {**GPU3, "severity": "info"}, "gpu-node-01: GPU 3 reported Xid 13 (recorded only)", quiet_at="11m",
+         quiet_inputs=[series("DCGM_FI_DEV_XID_ERRORS", GPU3, "0 0 79x60")]),
     case("MoefleetGPUHot", [series("DCGM_FI_DEV_GPU_TEMP", GPU3, "90x40")], "6m", {**GPU3, "severity": "warning"},
          "gpu-node-01: GPU 3 at 90 °C", quiet_at="4m",
          quiet_inputs=[series("DCGM_FI_DEV_GPU_TEMP", GPU3, "80x40")]),
@@ -217,6 +278,23 @@ def test_promtool_test_rules_fails_on_a_wrong_expectation(exported):
     test_file = exported / "wrong.test.yml"
     test_file.write_text(yaml.safe_dump({"rule_files": [str(rules)], "tests": wrong}))
     assert promtool.run("test", "rules", test_file).returncode != 0
+
+
+def test_alertmanager_inhibits_a_host_in_maintenance_and_pages_for_warning_and_critical_only(exported):
+    """amtool is not on the controller (the role validates with it on the monitoring host): the configuration read.
+    While MoefleetInMaintenance fires for a host, its warning and critical alerts are inhibited (equal on host, a
+    label every tested warning and critical alert has); info and none go to a receiver that sends nothing."""
+    config = yaml.safe_load((exported / "alertmanager.yml").read_text())
+    assert config["inhibit_rules"] == [{"source_matchers": ['alertname="MoefleetInMaintenance"'],
+                                        "target_matchers": ['severity=~"warning|critical"'], "equal": ["host"]}]
+    paging = [c for c in CASES if c[3]["severity"] in ("warning", "critical")]
+    assert paging and all("host" in c[3] for c in paging)
+    assert {c[3]["severity"] for c in CASES if c[0] == "MoefleetInMaintenance"} == {"none"}
+    receivers = {r["name"]: r for r in config["receivers"]}
+    shown = config["route"]["routes"]
+    assert shown == [{"receiver": "moefleet-shown-only", "matchers": ['severity=~"info|none"']}]
+    assert receivers["moefleet-shown-only"] == {"name": "moefleet-shown-only"}
+    assert config["route"]["receiver"] == "moefleet"
 
 
 # ------------------------------------------------------------------------------------------------- dashboards
