@@ -16,7 +16,10 @@ tell it from a broken one; the ``garbage`` fault makes every answer a run of ``!
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import random
 import re
 
 KIMI, DEEPSEEK = "kimi_k2", "deepseekv3"  # the model families the simulator writes for (family())
@@ -35,6 +38,34 @@ _CALL = re.compile(re.escape(CALL_BEGIN) + r"\s*([\w.\-]+:\d+)\s*" + re.escape(A
 _CALL_ID = re.compile(r"^(?:functions\.)?([\w.\-]+):(\d+)$")
 _SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
 SAMPLE = {"string": "Paris", "integer": 3, "number": 2.5, "boolean": True, "array": [], "object": {}}
+
+
+# How long Kimi K2.x thinks, in tokens: log-normal, median 1200, sigma 0.8 (10th percentile ~430, 90th ~3300,
+# 99th ~7700), kept within 100..16000. No public per-answer distribution of K2.6's thought lengths was found; the
+# figure follows what Moonshot's K2-Thinking/K2.6 model cards and recipes imply: thinking mode wants temperature
+# 1.0 and max_tokens of at least 16k, and 4096 is called too small a budget (thinking eats it), so thoughts of
+# thousands of tokens are ordinary and most fit well within 16k.
+THOUGHT_MEDIAN, THOUGHT_SIGMA, THOUGHT_MIN, THOUGHT_MAX = 1200, 0.8, 100, 16000
+
+
+def thought_tokens(body: dict, prompt: str) -> int:
+    """The length of this request's thought. Temperature 0 (greedy) thinks the same for the same prompt; above 0 the
+    length is drawn from the distribution, reproducibly when the request sends a ``seed``. No temperature is
+    SGLang's default, 1.0."""
+    temperature = body.get("temperature")
+    temperature = 1.0 if temperature is None else float(temperature)
+    if temperature <= 0:
+        rng = random.Random(hashlib.sha256(prompt.encode()).hexdigest())
+    elif body.get("seed") is not None:
+        rng = random.Random(hashlib.sha256(f"{prompt}\0{body['seed']}\0{temperature}".encode()).hexdigest())
+    else:
+        rng = random.Random()
+    n = round(math.exp(math.log(THOUGHT_MEDIAN) + THOUGHT_SIGMA * rng.gauss(0.0, 1.0)))
+    return max(THOUGHT_MIN, min(THOUGHT_MAX, n))
+
+
+def thinks(body: dict, model: str) -> bool:
+    return thinking_on(body) and model == KIMI
 
 
 def family(architecture: str) -> str:
@@ -74,22 +105,27 @@ def _last_user_text(body: dict, text_of) -> str:
 
 
 def raw(body: dict, words: list[str], finish: str, text_of, garbage: bool = False,
-        model: str = KIMI) -> tuple[str, str]:
+        model: str = KIMI, thought: int = 0) -> tuple[str, str]:
     """The model's decoded output for the request and its finish reason: ``words`` are the tokens the server decoded
-    for it, ``finish`` why the decoding stopped (``length``: max_tokens); ``model`` the family (family())."""
+    for it (the first ``thought`` of them the thinking, when the model thinks), ``finish`` why the decoding stopped
+    (``length``: max_tokens); ``model`` the family (family())."""
     if garbage:
         return "!" * max(8, len(words)), finish
-    think = thinking_on(body) and model == KIMI
+    think = thinks(body, model)
     last = body.get("messages", [{}])[-1] if body.get("messages") else {}
     tools = _offered_tools(body)
     asked = _SUM.search(_last_user_text(body, text_of))
     if asked and not think and not tools:  # a short answer: it ends long before max_tokens
         return str(int(asked.group(1)) + int(asked.group(2))), "stop"
-    # Thinking takes the first half of the tokens; a reply cut by max_tokens never closed it.
-    half = len(words) // 2 if think else 0
+    # The thought comes first; a reply cut by max_tokens inside it never closed it.
+    half = min(thought, len(words)) if think else 0
     reasoning = " ".join(words[:half])
     if finish == "length":
-        return ((THINK_START + reasoning + " " + " ".join(words[half:])) if think else " ".join(words)), finish
+        if not think:
+            return " ".join(words), finish
+        if len(words) <= thought:
+            return THINK_START + reasoning, finish
+        return THINK_START + reasoning + THINK_END + " ".join(words[half:]), finish
     head = (THINK_START + reasoning + THINK_END) if think else ""
     if tools and isinstance(last, dict) and last.get("role") == "user":
         tool = tools[0]

@@ -14,11 +14,11 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import chat as C
-from . import gpu as G
 from . import throughput as T
 from .clock import WALL_PER_SIM, Clock
 from .logs import emit, line
 from .metrics import Metrics
+from .scheduler import Scheduler, hang_while_nccl_hangs
 
 WORDS = ["the", "model", "answers", "with", "simulated", "tokens", "from", "the", "lab", "while", "the", "real",
          "hardware", "is", "elsewhere", "and", "every", "number", "reported", "here", "follows", "the",
@@ -39,13 +39,13 @@ SERVE_TIME_SCALE_ENV = "SGLANG_SIM_SERVE_TIME_SCALE"
 TIME_SCALE_HEADER = "x-sglang-sim-time-scale"
 # http_server.HEALTH_CHECK_TIMEOUT: /health's one-token request may take this long before it answers 503
 HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+# environ.py SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (EnvBool, default true): off, /health (not /health_generate)
+# answers 200 without asking the scheduler
+HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 
 
-def hang_while_nccl_hangs() -> None:
-    """A collective that never completes (sim/lab/lab.py fault HOST hang): the batch stops where it is, no error,
-    until the processes are killed."""
-    while G.nccl_hung():
-        time.sleep(0.5)
+def health_generation_enabled() -> bool:
+    return os.environ.get(HEALTH_GENERATION_ENV, "true").strip().lower() not in ("false", "0", "no", "n")
 
 
 class State:
@@ -86,7 +86,9 @@ class State:
         # first request, looks every 5 s from about then.
         self.ready_since = 0.0
         # When a batch last produced output (TokenizerManager.last_receive_tstamp, which /health's message reports)
-        self.last_output = 0.0
+        self.last_output = time.time()  # TokenizerManager.__init__: real_time()
+        # TP0's event loop: serial chunked prefill, decode log lines, health checks (scheduler.py)
+        self.scheduler = Scheduler(self)
 
 
 def serve_clock() -> Clock:
@@ -106,10 +108,12 @@ def count_tokens(text: str) -> int:
     return max(1, (len(text) + 3) // 4)
 
 
-def completion_words(seed: str, max_tokens: int | None, ignore_eos: bool = False) -> tuple[list[str], str]:
-    """The completion's words (one token each) and finish reason; ignore_eos decodes all max_tokens."""
+def completion_words(seed: str, max_tokens: int | None, ignore_eos: bool = False,
+                     thought: int = 0) -> tuple[list[str], str]:
+    """The completion's words (one token each) and finish reason: a thought of ``thought`` tokens, then an answer of
+    12-40; both share max_tokens; ignore_eos decodes all max_tokens."""
     h = int(hashlib.sha256(seed.encode()).hexdigest(), 16)
-    natural = 12 + h % 29
+    natural = thought + 12 + h % 29
     if ignore_eos and max_tokens is not None:
         natural = max_tokens + 1
     n = natural if max_tokens is None else min(natural, max_tokens)
@@ -216,23 +220,7 @@ class Handler(BaseHTTPRequestHandler):
             self._serve_metrics()
             return
         if path in ("/health", "/health_generate"):
-            if st.draining:
-                # http_server.health_generate while gracefully_exit is set
-                line(st.clock, "", "Health check request received during shutdown. Returning 503.")
-                self._send(503, b"", "text/plain")
-            elif st.ready and G.nccl_hung():
-                # health_generate: its one-token request gets no output within HEALTH_CHECK_TIMEOUT
-                tic = time.time()
-                time.sleep(HEALTH_CHECK_TIMEOUT)
-                line(st.clock, "", "Health check failed. Server couldn't get a response from detokenizer for last "
-                     f"{HEALTH_CHECK_TIMEOUT} seconds. tic start time: "
-                     f"{time.strftime('%H:%M:%S', time.localtime(tic))}. "
-                     f"last_heartbeat time: {time.strftime('%H:%M:%S', time.localtime(st.last_output or tic))}")
-                self._send(503, b"", "text/plain")
-            elif st.ready:
-                self._send(200, b"", "text/plain")
-            else:
-                self._send(503, b"", "text/plain")
+            self._health(path)
         elif path in ("/server_info", "/get_server_info"):
             self._send(200, server_info(st))
         elif path in ("/model_info", "/get_model_info"):
@@ -255,6 +243,34 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, loads(st))
         else:
             self._send(404, {"detail": "Not Found"})
+
+    def _health(self, path: str) -> None:
+        """http_server.health_generate: 503 while shutting down or starting; with
+        SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION off, /health is a plain 200; else a one-token request goes to the
+        scheduler and the check looks once a second whether the tokenizer received anything since it began: 200
+        then, 503 after HEALTH_CHECK_TIMEOUT."""
+        st = self.state
+        if st.draining:
+            line(st.clock, "", "Health check request received during shutdown. Returning 503.")
+            self._send(503, b"", "text/plain")
+            return
+        if not st.ready:
+            self._send(503, b"", "text/plain")
+            return
+        if path == "/health" and not health_generation_enabled():
+            self._send(200, b"", "text/plain")
+            return
+        st.scheduler.health_check()
+        tic = time.time()
+        while time.time() < tic + HEALTH_CHECK_TIMEOUT:
+            time.sleep(1)
+            if st.last_output > tic:
+                self._send(200, b"", "text/plain")
+                return
+        line(st.clock, "", "Health check failed. Server couldn't get a response from detokenizer for last "
+             f"{HEALTH_CHECK_TIMEOUT} seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. "
+             f"last_heartbeat time: {time.strftime('%H:%M:%S', time.localtime(st.last_output))}")
+        self._send(503, b"", "text/plain")
 
     def do_POST(self):  # noqa: N802
         self._tracked = self._status = None
@@ -288,7 +304,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ----------------------------------------------------------------------------------------
     def _run(self, prompt: str, max_tokens: int | None, stream_cb=None, ignore_eos: bool = False,
-             prompt_tokens: int | None = None):
+             prompt_tokens: int | None = None, thought: int = 0):
         """Prefill (prompt_tokens, else the prompt's count), then decode following the throughput model at the
         speed the requests running now share, sleeping the scaled simulated time to absolute deadlines (a late
         wake-up is not carried forward).
@@ -296,7 +312,7 @@ class Handler(BaseHTTPRequestHandler):
         STREAM_WALL_INTERVAL x (requests running) of wall time.
         Returns (words, finish, prompt tokens, e2e sim seconds, speed)."""
         st = self.state
-        words, finish = completion_words(prompt, max_tokens, ignore_eos)
+        words, finish = completion_words(prompt, max_tokens, ignore_eos, thought)
         ptoks = count_tokens(prompt) if prompt_tokens is None else max(1, prompt_tokens)
         with st.lock:
             st.running += 1
@@ -315,19 +331,25 @@ class Handler(BaseHTTPRequestHandler):
         start = clock.sim_now()
         metrics = st.metrics
         req = metrics.begin(dp, ptoks, start, stream_cb is not None) if metrics else None
-        finished = False
+        finished = decoding = False
+        sched = st.scheduler
         try:
-            hang_while_nccl_hangs()
-            step = start + ptoks / (5 * st.agg)
+            sched.prefill(ptoks)  # waits its turn in TP0's loop; chunked as SGLang does
+            sched.decode_begin()
+            decoding = True
+            step = clock.sim_now()
             t = step + 1.0 / speed
             _sleep_to(clock, t)
             done = min(1, len(words))
+            sched.decoded(done)
             if req and done:
                 metrics.decoded(req, done, t, step, 0, len(words))
             if stream_cb and done:
                 stream_cb(done, words[:done])
             while done < len(words):
                 hang_while_nccl_hangs()
+                if sched.wait_for_decode_turn():  # a prefill batch ran meanwhile: decoding resumes after it
+                    t = max(t, clock.sim_now())
                 st.last_output = time.time()
                 running = st.running
                 speed = T.per_request(running, st.s1, st.agg)
@@ -338,12 +360,14 @@ class Handler(BaseHTTPRequestHandler):
                 t += k / speed
                 _sleep_to(clock, t)
                 done += k
+                sched.decoded(k)
                 if req:
                     metrics.decoded(req, done, t, step, done - k, len(words))
                 if stream_cb:
                     stream_cb(done, words[done - k:done])
             finished = True
         finally:
+            sched.release(ptoks + len(words), decoding)
             with st.lock:
                 st.running -= 1
                 st.dp_running[dp] -= 1
@@ -390,6 +414,8 @@ class Handler(BaseHTTPRequestHandler):
         max_new = sp.get("max_new_tokens", 128)
         ignore_eos = bool(sp.get("ignore_eos"))
         rid = uuid.uuid4().hex
+        if self._refuse_length(given or count_tokens(text), openai=False):
+            return
         if body.get("stream"):
             self._sse_start()
             acc = []
@@ -407,6 +433,25 @@ class Handler(BaseHTTPRequestHandler):
         words, finish, ptoks, e2e, _ = self._run(text, max_new, ignore_eos=ignore_eos, prompt_tokens=given)
         self._send(200, {"text": " ".join(words), "output_ids": list(range(len(words))),
                          "meta_info": self._meta(rid, finish, ptoks, len(words), e2e, max_new)})
+
+    def _refuse_length(self, ptoks: int, openai: bool) -> bool:
+        """A prompt longer than the server can hold is refused (400) before it is scheduled: the tokenizer's check
+        against the context length (TokenizerManager._validate_one_request), then the scheduler's against
+        max_req_input_len = min(context_len - 1, KV pool tokens - 1) - 5 (tp_worker.py, validate_input_length)."""
+        plan = self.state.plan
+        ctx = int(plan.context_len)
+        limit = min(ctx - 1, int(plan.max_total_num_tokens) - 1) - 5
+        if ptoks >= ctx:
+            msg = f"The input ({ptoks} tokens) is longer than the model's context length ({ctx} tokens)."
+        elif ptoks >= limit:
+            msg = (f"Input length ({ptoks} tokens) exceeds the maximum allowed length ({limit} tokens). "
+                   "Use a shorter input or enable --allow-auto-truncate.")
+        else:
+            return False
+        body = {"object": "error", "message": msg, "type": "BadRequestError", "param": None, "code": 400} \
+            if openai else {"error": {"message": msg}}
+        self._send(400, body)
+        return True
 
     @staticmethod
     def _meta(rid, finish, ptoks, ctoks, e2e, max_new):
@@ -427,16 +472,28 @@ class Handler(BaseHTTPRequestHandler):
         cid = uuid.uuid4().hex
         created = int(time.time())
         model = body.get("model") or st.args.served_model_name
+        if self._refuse_length(count_tokens(prompt), openai=True):
+            return
+        family = C.family(st.cfg.architecture)
+        thought = C.thought_tokens(body, prompt) if C.thinks(body, family) and not st.garbage else 0
         if body.get("stream"):
             self._sse_start()
             self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {"role": "assistant",
                                                                                  "content": ""}, None)) + "\n\n")
+            # with --reasoning-parser kimi_k2 the thought streams as reasoning_content, the rest as content
+            split = thought if st.parsers_apply and st.args.reasoning_parser == "kimi_k2" \
+                and body.get("separate_reasoning", True) else 0
 
             def cb(done, new_words):
-                piece = ("" if done == len(new_words) else " ") + " ".join(new_words)
-                self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {"content": piece}, None))
-                            + "\n\n")
-            words, finish, ptoks, _, _ = self._run(prompt, max_tokens, cb, ignore_eos)
+                first = done - len(new_words)
+                for key, lo, hi in (("reasoning_content", first, min(done, split)),
+                                    ("content", max(first, split), done)):
+                    if hi > lo:
+                        lead = "" if lo in (0, split) else " "
+                        piece = lead + " ".join(new_words[lo - first:hi - first])
+                        self._chunk("data: " + json.dumps(_chat_chunk(cid, created, model, {key: piece}, None))
+                                    + "\n\n")
+            words, finish, ptoks, _, _ = self._run(prompt, max_tokens, cb, ignore_eos, thought=thought)
             last = _chat_chunk(cid, created, model, {}, finish)
             opts = body.get("stream_options") or {}
             if opts.get("include_usage"):
@@ -447,10 +504,9 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk("data: " + json.dumps(last) + "\n\n")
             self._sse_end()
             return
-        words, finish, ptoks, _, _ = self._run(prompt, max_tokens, ignore_eos=ignore_eos)
+        words, finish, ptoks, _, _ = self._run(prompt, max_tokens, ignore_eos=ignore_eos, thought=thought)
         # the model's own tokens (chat.py: Kimi K2.x, else DeepSeek-V3-style), through the server's parsers
-        family = C.family(st.cfg.architecture)
-        text, finish = C.raw(body, words, finish, _content_text, garbage=st.garbage, model=family)
+        text, finish = C.raw(body, words, finish, _content_text, garbage=st.garbage, model=family, thought=thought)
         parsers = (st.args.reasoning_parser, st.args.tool_call_parser) if st.parsers_apply else (None, None)
         message, finish = C.message(text, body, finish, *parsers)
         self._send(200, {
@@ -468,6 +524,8 @@ class Handler(BaseHTTPRequestHandler):
         if isinstance(prompt, list):
             prompt = prompt[0] if prompt else ""
         max_tokens = body.get("max_tokens", 16)
+        if self._refuse_length(count_tokens(str(prompt)), openai=True):
+            return
         words, finish, ptoks, _, _ = self._run(str(prompt), max_tokens)
         self._send(200, {
             "id": uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),

@@ -29,6 +29,7 @@ from .logs import emit, line
 from .metrics import Metrics
 from .model import ConfigError, load_config
 from .plan import T_WARMUP, build_plan, default_mem_settings
+from .scheduler import prefill_message
 
 CHILDREN: list[subprocess.Popen] = []
 _DYING = threading.Event()
@@ -285,6 +286,7 @@ def _watch_children(clock: Clock) -> None:
 def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
     tp0 = next(rp.rank for rp in plan.ranks if rp.rank.tp_rank == 0 and rp.rank.pp_rank == 0)
     state = State(args, plan, cfg, clock, tp0.log_prefix)
+    start_helper_thread(state.scheduler.run)
     state.runtime_oom_after = F.runtime_oom_after(faults)
     state.garbage = any(f["fault"] == "garbage" for f in faults)
     state.parsers_apply = not any(f["fault"] == "parser_missing" for f in faults)
@@ -321,8 +323,7 @@ def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
     emit(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /model_info HTTP/1.1" 200 OK')
     warmup = [("/model_info", "GET")]
     if not args.skip_server_warmup:
-        line(clock, tp0.log_prefix, "Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, "
-                                    "token usage: 0.00, #running-req: 0, #queue-req: 0, ")
+        line(clock, tp0.log_prefix, prefill_message(1, 7, 0.0, 0, 0, 0.0))
         clock.sleep_sim(T_WARMUP)
         emit(f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
         warmup.append(("/generate", "POST"))
