@@ -171,7 +171,7 @@ class KernelLines:
     def feed(self, message: str) -> str:
         text = message.strip()
         out = text
-        if "NVRM:" in text and "fallen off the bus" in text and not _BDF.search(text):
+        if re.match(r"NVRM:\s+fallen off the bus", text):
             out = "\n".join([*self._recent[-2:], text])
         self._recent = ([*self._recent, text] if text.startswith("NVRM:") else [])[-2:]
         return out

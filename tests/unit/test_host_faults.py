@@ -138,6 +138,10 @@ def test_the_drivers_three_line_fallen_off_the_bus_record_is_one_event(prefix):
 
 def test_the_joiner_keeps_unrelated_lines_apart():
     lines = hf.KernelLines()
+    # an Xid 79 line after another Xid is classified alone (its address has no function: not the three-line record)
+    lines.feed("NVRM: Xid (PCI:0000:01:00): 13, pid=7, name=python3, Graphics SM Warp Exception")
+    xid = "NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    assert lines.feed(xid) == xid
     assert lines.feed("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04") == \
         "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04"
     assert lines.feed("usb 1-1: new high-speed USB device") == "usb 1-1: new high-speed USB device"
