@@ -21,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "that serve another profile (--yes or -e confirm=yes for scripts; elsewhere refused). Prints one line "
             "per host state change, then the report. Ctrl-C stops after the running task, a second Ctrl-C at "
             "once. For a fleet in service, moefleet rollout (canary, batches, routers drained) is the safer "
-            "command; a host that ends degraded (on a fallback) counts as not serving the asked profile. "
+            "command: behind routers (a group routers) deploy is refused before anything runs, since it does not "
+            "drain, unless -e moefleet_maintenance_window=true (every worker at once, an announced outage); a "
+            "host that ends degraded (on a fallback) counts as not serving the asked profile. "
             + rollout.EXIT_HELP
         ),
     )

@@ -315,16 +315,10 @@ GROUP = "blackwell"
 
 
 def serve_play_vars(playbook: str) -> dict[str, Any]:
-    """The vars the playbook gives serve.yml's play (playbooks/rollout.yml: moefleet_serial, the routers'
-    switches, ...; deploy.yml: none): what the play's serial reads unless -e says otherwise."""
+    """The vars the playbook gives serve.yml's play (playbook_inputs.serve_play_vars, which validate.yml reads too)."""
     import yaml
 
-    plays = yaml.safe_load(runner.playbook_path(playbook).read_text(encoding="utf-8")) or []
-    for play in plays:
-        target = play.get("ansible.builtin.import_playbook") or play.get("import_playbook")
-        if target == "serve.yml":
-            return dict(play.get("vars") or {})
-    return {}
+    return playbook_inputs.serve_play_vars(yaml.safe_load(runner.playbook_path(playbook).read_text(encoding="utf-8")))
 
 
 def plan_rollout(
@@ -335,14 +329,15 @@ def plan_rollout(
     same runner (the hosts' asked profile, play order and run-level inputs; their local facts). The batches are
     serve.yml's serial for the playbook's vars with -e over them (playbook_inputs.play_serial), cut as Ansible
     cuts them (playbook_inputs.batches, the report callback's too): deploy.yml every host in one batch, with no
-    canary, routers or not (it does not drain). A run-level input set in the inventory is refused as
-    playbooks/validate.yml refuses it."""
+    canary. Behind routers, a run that restarts workers undrained (deploy.yml) or drains every one at once is
+    refused as playbooks/validate.yml refuses it (playbook_inputs.outage), unless -e moefleet_maintenance_window=true.
+    A run-level input set in the inventory is refused as playbooks/validate.yml refuses it."""
     names = list(playbook_inputs.INPUTS)
     asked_expr = "profile" if "profile" in extravars else "sglang_profile | default(none)"
     looked = runner.run_adhoc(
         "ansible.builtin.debug",
         "msg={{ {'asked': " + asked_expr + ", 'order': ansible_play_hosts_all, "
-        "'routers': groups['routers'] | default([]), "
+        "'routers': groups['routers'] | default([]), 'workers': groups['blackwell'] | default([]), "
         f"'inputs': ([inventory_hostname] | moefleet.serving.host_inputs(hostvars, {names!r}))[inventory_hostname]"
         "} }}",
         inventory, GROUP, limit, extravars, vault=secrets,
@@ -360,11 +355,16 @@ def plan_rollout(
         raise runner.BadInput(" ".join(problems))
     first = next(iter(looked.ok.values()))["msg"]
     order = list(first["order"])
+    values = {**serve_play_vars(kind.playbook), **extravars}
+    # behind routers, refused as playbooks/validate.yml refuses it (workers restarted undrained, or all at once),
+    # before any host's facts are read
+    refusal, _ = playbook_inputs.outage(values, first.get("workers") or order, order, first["routers"], kind.playbook)
+    if refusal:
+        raise runner.BadInput(refusal)
     facts = runner.run_adhoc(
         "ansible.builtin.setup", "filter=ansible_local gather_subset=!all,!min,local", inventory, GROUP, limit,
         vault=secrets,
     )
-    values = {**serve_play_vars(kind.playbook), **extravars}
     serial = playbook_inputs.play_serial(values, bool(first["routers"]))
     through = values.get("moefleet_through_routers", False)
     behind_routers = bool(first["routers"]) and playbook_inputs.confirmed(through)

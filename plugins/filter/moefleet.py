@@ -4,7 +4,7 @@ profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.
 documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one composition of an SGLang
 server's URL; .model_flags, the served model's parsers and sampling flags; .metrics_flags, SGLang's metrics
 flags; .scrape_targets, Prometheus's targets from the inventory; and for the controller checks
-moefleet.serving.host_inputs, .origins, .playbook_input_problems and .misread_booleans."""
+moefleet.serving.host_inputs, .origins, .playbook_input_problems, .input_problems and .outage."""
 
 from __future__ import annotations
 
@@ -208,19 +208,47 @@ def _main_options(path):
         with open(path) as f:
             return yaml.safe_load(f)["argument_specs"]["main"].get("options") or {}
     except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
-        raise AnsibleFilterError(f"moefleet.serving.misread_booleans: cannot read {path}: {exc}") from None
+        raise AnsibleFilterError(f"moefleet.serving.input_problems: cannot read {path}: {exc}") from None
 
 
-def misread_booleans(roles, host_vars, roles_dir, extra_options=None, host=None):
-    """Sentences for the host's boolean inputs the argument specs take but `| bool` misreads (y/n, t/f, 1.0): ``{{
-    moefleet_host_roles | moefleet.serving.misread_booleans(hostvars[inventory_hostname], playbook_dir ~ '/../roles',
-    moefleet_host_inputs_spec, inventory_hostname) }}``; [] when there are none. The options are each role's own
-    meta/argument_specs.yml (main entry point) and ``extra_options``."""
+def input_problems(roles, host_vars, roles_dir, extra_options=None, host=None, catalog=None):
+    """Sentences for the host's role inputs that the argument specs let through (module_utils/playbook_inputs.py
+    input_problems: booleans `| bool` misreads, each option's declared type, the RULES table, the NCCL set and the
+    environment against ``catalog``): ``{{ moefleet_host_roles | moefleet.serving.input_problems(
+    hostvars[inventory_hostname], playbook_dir ~ '/../roles', moefleet_host_inputs_spec, inventory_hostname,
+    catalog) }}``; [] when there are none. The options are each role's own meta/argument_specs.yml (main entry
+    point) and ``extra_options``; only the variables the host sets (inventory, -e) are checked."""
     options = dict(extra_options or {})
     for role in roles:
         options.update(_main_options(os.path.join(roles_dir, role, "meta", "argument_specs.yml")))
-    names = [name for name in options if name in host_vars]
-    return playbook_inputs.misread_booleans({name: host_vars[name] for name in names}, options, host)
+    values = {name: host_vars[name] for name in options if name in host_vars}
+    return playbook_inputs.input_problems(values, options, host, catalog)
+
+
+def input_value_problem(value, name):
+    """The sentence refusing ``value`` for the playbooks' input ``name`` (module_utils/playbook_inputs.py INPUTS:
+    confirm, apply, batch sizes, ...), '' when it is fine: ``{{ confirm | moefleet.serving.input_value_problem(
+    'confirm') }}``."""
+    return playbook_inputs.value_problem(name, value) or ""
+
+
+def confirmed(value):
+    """Whether a boolean input reads as yes (playbook_inputs.confirmed, the project's one reader of them)."""
+    return playbook_inputs.confirmed(value)
+
+
+def outage(hostvars, workers, play_hosts, routers, plays, playbook, controller="localhost"):
+    """``{'refusal': sentence or '', 'notice': sentence or ''}``: whether serve.yml's play, as ``plays`` (the
+    running playbook's parsed YAML) import it with the run's -e over its vars, would stop requests through the
+    routers (module_utils/playbook_inputs.py outage)."""
+    values = playbook_inputs.serve_play_vars(plays)
+    seen = hostvars[controller]
+    for name in [*playbook_inputs.INPUTS, "profile"]:
+        if name in seen:
+            values[name] = seen[name]
+    refusal, notice = playbook_inputs.outage(values, list(workers or []), list(play_hosts or []),
+                                             list(routers or []), playbook)
+    return {"refusal": refusal or "", "notice": notice or ""}
 
 
 # Addresses that name no reachable host from elsewhere: SGLang binds every address, or only the loopback.
@@ -341,7 +369,10 @@ class FilterModule:
             "host_inputs": host_inputs,
             "origins": origins,
             "playbook_input_problems": playbook_input_problems,
-            "misread_booleans": misread_booleans,
+            "input_problems": input_problems,
+            "outage": outage,
+            "input_value_problem": input_value_problem,
+            "confirmed": confirmed,
             "worker_url": worker_url,
             "model_flags": model_flags,
             "metrics_flags": metrics_flags,

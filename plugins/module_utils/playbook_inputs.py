@@ -81,6 +81,8 @@ INPUTS: dict[str, Input] = {
     "moefleet_any_errors_fatal": Input("bool", True, "a failed host stops every host (rollout: true)"),
     "moefleet_health_gate": Input("bool", True, "after each batch, every host done so far must still serve"),
     "moefleet_through_routers": Input("bool", True, "drain each host out of the routers first (rollout: true)"),
+    "moefleet_maintenance_window": Input(
+        "bool", True, "behind routers, restart workers without draining or all at once: an announced outage"),
     "confirm": Input("yes_no", False, "restart hosts that serve another profile (rollout, uninstall)"),
     "apply": Input("bool", False, "serve and keep the benchmark's winner (bench)"),
 }
@@ -130,6 +132,74 @@ def play_serial(values: Mapping[str, Any], routers: bool) -> list[Any]:
     return serial if isinstance(serial, list) else [serial]
 
 
+def serve_play_vars(plays: Any) -> dict[str, Any]:
+    """The vars a playbook (``plays``: its parsed YAML) gives its import of serve.yml (playbooks/rollout.yml:
+    moefleet_serial, moefleet_through_routers, ...; deploy.yml: none): what serve.yml's play reads unless -e says
+    otherwise. playbooks/validate.yml (the outage check) and `moefleet rollout`/`deploy` read them here."""
+    for play in plays or []:
+        if not isinstance(play, Mapping):
+            continue
+        target = play.get("ansible.builtin.import_playbook") or play.get("import_playbook")
+        if target == "serve.yml":
+            return dict(play.get("vars") or {})
+    return {}
+
+
+MAINTENANCE = "moefleet_maintenance_window"
+
+
+def outage(values: Mapping[str, Any], workers: Sequence[str], play_hosts: Sequence[str], routers: Sequence[str],
+           playbook: str = "this playbook") -> tuple[str | None, str | None]:
+    """``(refusal, announcement)`` for a run behind routers that would stop requests through them: serve.yml's
+    play for ``values`` (the playbook's vars for it with -e over them) restarting workers the routers still route
+    to (not moefleet_through_routers: deploy.yml, every host at once), or draining so many at once
+    (moefleet_max_unavailable, of ``play_hosts``: the run's workers after --limit) that none of ``workers`` (every
+    worker behind the routers) is left serving. Refused unless moefleet_maintenance_window is true; then the
+    announcement says what the outage is. (None, None) without routers, or for a drained run that leaves one
+    serving. A batch size that is no batch size is value_problem's to refuse, not this one's."""
+    routers, workers = list(routers or []), list(workers or [])
+    hosts = [host for host in play_hosts if host in workers]
+    if not routers or not hosts:
+        return None, None
+    maintenance = parse_bool(values.get(MAINTENANCE, False)) is True
+    total, gateway = len(workers), ", ".join(routers)
+    profile = values.get("profile") if isinstance(values.get("profile"), str) else "NAME"
+    if parse_bool(values.get("moefleet_through_routers", False)) is True:
+        size = values.get("moefleet_max_unavailable", 1)
+        if batch_size_problem(size) is not None:
+            return None, None
+        out = min(pct_to_int(size, len(hosts)), len(hosts))
+        left = total - out
+        if left > 0:
+            return None, None
+        if maintenance:
+            return None, (
+                f"Maintenance window ({MAINTENANCE}=true): moefleet_max_unavailable={size} takes all {total} "
+                f"workers out of the routers ({gateway}) at once; the model is unavailable through them until the "
+                "workers serve again (a model load: 10 to 40 minutes).")
+        fewer = (f"set it below {total} (e.g. -e moefleet_max_unavailable=1) so that the others keep serving"
+                 if total > 1 else "add a second worker behind the routers so that one keeps serving")
+        return (
+            f"moefleet_max_unavailable={size} would take {out} of the {len(hosts)} workers of this run out of the "
+            f"routers ({gateway}) at once, leaving {left} of the {total} workers behind them serving: every request "
+            f"through the routers would fail until they serve again. {fewer[0].upper()}{fewer[1:]}; or, in a "
+            f"maintenance window, pass -e {MAINTENANCE}=true to take them all out at once, an outage the run "
+            "announces."), None
+    left = total - len(hosts)
+    if maintenance:
+        return None, (
+            f"Maintenance window ({MAINTENANCE}=true): {len(hosts)} of the {total} workers behind the routers "
+            f"({gateway}) restart without being taken out of the routers first, {left} left serving; requests "
+            "routed to the restarting workers fail until they serve again (a model load: 10 to 40 minutes).")
+    return (
+        f"{playbook} would restart {len(hosts)} of the {total} workers behind the routers ({gateway}) without "
+        f"taking them out of the routers first (moefleet_through_routers is off), leaving {left} serving: every "
+        "request routed to them would fail until they serve again. Roll it out through the routers instead, each "
+        f"worker drained first: moefleet rollout -e profile={profile} (or ansible-playbook playbooks/rollout.yml -e "
+        f"profile={profile}); or, in a maintenance window or for a fleet that serves nothing yet, pass -e "
+        f"{MAINTENANCE}=true to restart them at once, an outage the run announces."), None
+
+
 # A good value of each kind, for a sentence whose own value is not one.
 _EXAMPLES: dict[str, Any] = {"batch": 1, "batches": [1, "25%", "100%"], "percent": 0, "bool": True, "yes_no": "yes"}
 
@@ -156,7 +226,7 @@ def batch_size_problem(value: Any) -> str | None:
     if _COUNT.fullmatch(text):
         count = int(text)
         if count == 0:
-            return "which Ansible takes as every host at once (say 100% for that)"
+            return "which Ansible takes as every host at once"
         if count > MAX_BATCH_HOSTS:
             return f"more than {MAX_BATCH_HOSTS:,} hosts"
         return None
@@ -169,8 +239,7 @@ def batch_size_problem(value: Any) -> str | None:
             return "more than every host"
         return None
     if _SIGNED.fullmatch(text):
-        return "a negative percentage" if text.endswith("%") else (
-            "which Ansible takes as every host at once (say 100% for that)")
+        return "a negative percentage" if text.endswith("%") else "which Ansible takes as every host at once"
     return "not a number of hosts or a percentage"
 
 
@@ -295,3 +364,314 @@ def misread_booleans(values: Mapping[str, Any], options: Mapping[str, Any], host
                 continue  # not a boolean to the spec either: validate_argument_spec refuses it, naming it
             problems.append(bool_problem(name, values[name], host))
     return problems
+
+
+# ---------------------------------------------------------------------------------------------------
+# Each host's role inputs: what the roles' meta/argument_specs.yml cannot state, in one table
+# ---------------------------------------------------------------------------------------------------
+# The argument specs (ansible.builtin.validate_argument_spec in playbooks/validate.yml) check types, booleans and
+# choices. They take any value for a str or path option (a mapping, a number) and True for an int, so every option
+# is also held to its declared type here (spec_type_problem), a path option to an absolute path, and the names below
+# to what their role reads them as (RULES). What playbooks/validate.yml's first play checks with the catalog and the
+# roles' defaults (module_utils/profiles.py host_problems: the GPU count, the port, the extra flags, the served
+# model, the model's source, repository, revision and token) is not repeated here.
+
+
+def whole_number(name: str, value: Any, low: int, high: int, host: str | None = None) -> tuple[int | None, str | None]:
+    """``(number, None)`` for a whole number (or its digits as -e passes them) within bounds, else
+    ``(None, sentence)``."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value.strip()):
+        number = int(value)
+    if number is not None and low <= number <= high:
+        return number, None
+    where = f" for {host}" if host else ""
+    return None, f"{name} is {value!r}{where}; set it to a whole number from {low} to {high}."
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one role input must be beyond its spec's type. ``kind``: count (a whole number from ``low`` to
+    ``high``), number (any number within them), address (an IP address or a host name), path (absolute), url
+    (http:// or https://; empty too when ``empty``), name (a POSIX user or group name), names (a list of them),
+    packages (a list of Debian package names), hosts (a list of host names or addresses, with a port or not),
+    pattern (``pattern``, described by ``what``), secret (no whitespace or control character; never echoed),
+    nccl_set (a set of the catalog), env (an environment; reserved names refused, with what to set instead)."""
+
+    kind: str
+    low: int = 0
+    high: int = 0
+    pattern: str = ""
+    what: str = ""
+    empty: bool = False
+
+
+DAY = 86_400
+PORT = Rule("count", 1, 65535)
+PACKAGE = r"[a-z0-9][a-z0-9+.-]+"
+VERSION = Rule("pattern", pattern=r"[0-9]+\.[0-9]+", what="a MAJOR.MINOR version in quotes, such as '12.9'")
+REQUIREMENT = Rule("pattern", pattern=r"[^\s#]+(\s*[=<>!~]=?\s*[^\s#]+)?",
+                   what="a pip requirement such as 'sglang[all]==0.5.10'")
+RULES: dict[str, Rule] = {
+    # nvidia_driver
+    "nvidia_driver_branch": Rule("count", 570, 999),
+    "nvidia_driver_package": Rule("pattern", pattern=PACKAGE, what="a Debian package name such as nvidia-open"),
+    "nvidia_driver_repo_distro": Rule("pattern", pattern=r"[a-z]+[0-9]+",
+                                      what="NVIDIA's repository name of the release, such as debian12 or ubuntu2404"),
+    "nvidia_driver_repo_url": Rule("url"),
+    "nvidia_driver_repo_key_url": Rule("url"),
+    "nvidia_driver_kernel_release": Rule("pattern", pattern=r"[A-Za-z0-9][A-Za-z0-9._+~-]*",
+                                         what="a kernel release as uname -r prints it"),
+    "nvidia_driver_kernel_headers_metapackage": Rule(
+        "pattern", pattern=f"({PACKAGE})?", what="a Debian package name such as linux-headers-amd64, or empty"),
+    "nvidia_driver_reboot_timeout": Rule("count", 1, DAY),
+    "nvidia_driver_expected_gpu_name": Rule("pattern", pattern=r"\S(.*\S)?",
+                                            what="the GPU's name as nvidia-smi prints it"),
+    "nvidia_driver_expected_compute_cap": Rule("pattern", pattern=r"[0-9]+\.[0-9]+",
+                                               what="a compute capability in quotes, such as '12.0'"),
+    # cuda_toolkit
+    "cuda_toolkit_version": VERSION,
+    "cuda_toolkit_package": Rule("pattern", pattern=PACKAGE, what="a Debian package name such as cuda-toolkit-12-9"),
+    # sglang
+    "sglang_user": Rule("name"),
+    "sglang_group": Rule("name"),
+    "sglang_device_groups": Rule("names"),
+    "sglang_build_packages": Rule("packages"),
+    "sglang_package_spec": REQUIREMENT,
+    "sglang_pip_index_url": Rule("url", empty=True),
+    "sglang_pip_extra_index_url": Rule("url", empty=True),
+    "sglang_pip_trusted_hosts": Rule("hosts"),
+    "sglang_env": Rule("env"),
+    # sglang_model (its path, source, repository, revision and token: host_problems)
+    "sglang_model_hf_endpoint": Rule("url", empty=True),
+    "sglang_model_download_timeout": Rule("count", 60, 7 * DAY),
+    "sglang_model_download_poll": Rule("count", 1, 3600),
+    "sglang_model_disk_reserve_bytes": Rule("count", 0, 10**15),
+    "sglang_model_hf_token": Rule("secret"),
+    # sglang_service (its port, extra flags and served model's parsers: host_problems)
+    "sglang_service_nccl_set": Rule("nccl_set"),
+    "sglang_service_extra_env": Rule("env"),
+    "sglang_service_served_model_name": Rule("pattern", pattern=r"[A-Za-z0-9][A-Za-z0-9._:/-]*",
+                                             what="a model name without spaces, such as kimi-k2.6"),
+    "sglang_service_answer_timeout": Rule("count", 1, DAY),
+    "sglang_service_context_length": Rule("count", 0, 10 << 20, what="0 serves the model's own"),
+    "sglang_service_host": Rule("address"),
+    "sglang_service_api_key": Rule("secret"),
+    "sglang_service_ready_timeout": Rule("count", 1, 7 * DAY),
+    "sglang_service_hang_timeout": Rule("count", 1, DAY),
+    # systemd reads TimeoutStopSec=0 as no timeout: a stop that hangs would never be killed
+    "sglang_service_stop_timeout": Rule("count", 1, DAY),
+    "sglang_service_unit_backups": Rule("count", 0, 100),
+    "sglang_service_runtime_oom_limit": Rule("count", 1, 100),
+    # fault_watch
+    "fault_watch_hang_seconds": Rule("count", 1, DAY),
+    "fault_watch_interval": Rule("count", 1, 3600),
+    "fault_watch_config_file": Rule("path"),
+    "fault_watch_status_port": PORT,
+    "fault_watch_state_dir": Rule("path"),
+    "fault_watch_retry_window": Rule("count", 0, 30 * DAY),
+    "fault_watch_sysfs_pci_devices": Rule("path"),
+    "fault_watch_reboot_timeout": Rule("count", 1, DAY),
+    # sglang_router (checked on the routers)
+    "sglang_router_package_spec": REQUIREMENT,
+    "sglang_router_pip_index_url": Rule("url", empty=True),
+    "sglang_router_pip_extra_index_url": Rule("url", empty=True),
+    "sglang_router_pip_trusted_hosts": Rule("hosts"),
+    "sglang_router_user": Rule("name"),
+    "sglang_router_group": Rule("name"),
+    "sglang_router_home": Rule("path"),
+    "sglang_router_venv": Rule("path"),
+    "sglang_router_config_dir": Rule("path"),
+    "sglang_router_host": Rule("address"),
+    "sglang_router_port": PORT,
+    "sglang_router_prometheus_host": Rule("address"),
+    "sglang_router_prometheus_port": PORT,
+    "sglang_router_worker_group": Rule("pattern", pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+                                       what="the inventory group of the workers, such as blackwell"),
+    "sglang_router_admin_key": Rule("secret"),
+    "sglang_router_worker_api_key": Rule("secret"),
+    "sglang_router_worker_startup_timeout": Rule("count", 1, DAY),
+    "sglang_router_health_check_interval": Rule("count", 1, 3600),
+    "sglang_router_health_failure_threshold": Rule("count", 1, 1000),
+    "sglang_router_stop_timeout": Rule("count", 1, DAY),
+    "sglang_router_ready_timeout": Rule("count", 1, DAY),
+    "sglang_router_drain_timeout": Rule("count", 1, DAY),
+    "sglang_router_join_timeout": Rule("count", 1, DAY),
+    "sglang_router_guard_interval": Rule("count", 1, 3600),
+    # the playbooks' own per-host input (moefleet_host_inputs_spec in playbooks/validate.yml)
+    "moefleet_gpu_memory_gib": Rule("number", 1, 4096, what="PyTorch's capacity of one GPU in GiB, such as 94.97"),
+}
+
+# Environment names the service unit sets itself (roles/sglang_service/vars/main.yml, _sglang_service_env), or that
+# another input owns, each with what to set instead; an NCCL set's names are reserved to sglang_service_nccl_set.
+RESERVED_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "the profile decides the GPUs a server starts (its tp/ep/pp sizes): pick another profile, "
+                            "or correct nvidia_driver_expected_gpu_count",
+    "CUDA_DEVICE_ORDER": "the unit sets it to PCI_BUS_ID, so that CUDA numbers the GPUs as nvidia-smi and the fault "
+                         "watcher do; remove it",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "the unit sets it to 0 (DeepGEMM has no kernels for these GPUs); remove it",
+    "HF_HOME": "the sglang role sets it in sglang.env; set sglang_env instead",
+    "TRITON_CACHE_DIR": "the sglang role sets it in sglang.env; set sglang_env instead",
+}
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+POSIX_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                       r"[A-Za-z0-9])?)*\.?")
+SECRET = re.compile(r".*_(key|token)$")
+
+
+def _shown(name: str, value: Any) -> str:
+    """The value as a sentence shows it: a secret's never."""
+    return "(value not shown)" if SECRET.fullmatch(name) else repr(value)
+
+
+def is_address(value: Any) -> bool:
+    """An IP address (IPv6 in brackets or not) or a host name (RFC 1123 labels)."""
+    import ipaddress
+
+    if not isinstance(value, str):
+        return False
+    text = value.strip()
+    text = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(HOST_NAME.fullmatch(text)) and not re.fullmatch(r"[0-9.]+", text)
+
+
+def is_absolute_path(value: Any) -> bool:
+    """An absolute path, normalised (no ., .. or doubled slashes; a trailing slash is fine)."""
+    import posixpath
+
+    return isinstance(value, str) and value.startswith("/") and (
+        value == "/" or posixpath.normpath(value) == value.rstrip("/"))
+
+
+def spec_type_problem(name: str, value: Any, option: Mapping[str, Any], host: str | None = None) -> str | None:
+    """What the argument spec's type lets through but the role cannot use: a mapping, list, boolean or fraction
+    (12.10 reads as 12.1) for text; anything but an absolute path for a path; a boolean for a number; a mapping in a
+    list of text. None when fine, or when the spec itself refuses the value (it names it then)."""
+    kind = (option or {}).get("type", "str")
+    where = f" for {host}" if host else ""
+    shown = _shown(name, value)
+    if kind in ("str", "path") and (isinstance(value, Mapping | list | bool | float) or value is None):
+        if kind == "str" and (option or {}).get("default") is None and value is None:
+            return None
+        return (f"{name} is {shown}{where}, a {type(value).__name__}, not text; set it to text, quoted in YAML "
+                f"(e.g. {name}: \"...\"), or -e {name}=....")
+    if kind == "path" and not is_absolute_path(str(value)):
+        return f"{name} is {shown}{where}; set it to an absolute path (starting with /, without . or .. parts)."
+    if kind in ("int", "float") and isinstance(value, bool):
+        return f"{name} is {value!r}{where}, a boolean; set it to a number."
+    if kind == "list" and isinstance(value, list) and (option or {}).get("elements") == "str":
+        odd = [item for item in value if not isinstance(item, str | int) or isinstance(item, bool)]
+        if odd:
+            return f"{name} has {odd[0]!r}{where}, which is not text; give a list of text items."
+    return None
+
+
+def _env_problems(name: str, env: Any, host: str | None, catalog: Mapping[str, Any] | None) -> list[str]:
+    if not isinstance(env, Mapping):
+        return []  # the spec's type: dict refuses it
+    where = f" for {host}" if host else ""
+    nccl = {}
+    for set_name, nccl_set in ((catalog or {}).get("nccl_sets") or {}).items():
+        for var in (nccl_set or {}).get("env") or {}:
+            nccl.setdefault(var, set_name)
+    out = []
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
+            out.append(f"{name} has the name {key!r}{where}, which is no environment variable name; use letters, "
+                       "digits and '_', not starting with a digit.")
+        elif isinstance(value, Mapping | list) or value is None:
+            out.append(f"{name}.{key} is {value!r}{where}; set it to text (a number or a word).")
+        elif name == "sglang_service_extra_env" and key in RESERVED_ENV:
+            out.append(f"{name} sets {key}{where}, which this unit owns: {RESERVED_ENV[key]}.")
+        elif name == "sglang_service_extra_env" and key in nccl:
+            out.append(f"{name} sets {key}{where}, which the NCCL set {nccl[key]} defines (and a fallback may switch "
+                       "sets): set sglang_service_nccl_set to a set of the catalog instead, or add a set with "
+                       "your values under moefleet_extra_profiles' nccl_sets.")
+    return out
+
+
+def rule_problems(name: str, value: Any, host: str | None = None,
+                  catalog: Mapping[str, Any] | None = None) -> list[str]:
+    """Sentences naming ``name``, the value (never a secret's) and the fix, when ``value`` breaks RULES[name]."""
+    rule = RULES.get(name)
+    if rule is None:
+        return []
+    where = f" for {host}" if host else ""
+    shown = _shown(name, value)
+    kind = rule.kind
+    if kind == "number":
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return []  # the spec's type: float refuses it
+        ok = rule.low <= number <= rule.high
+        return [] if ok else [f"{name} is {value!r}{where}; set it to {rule.what}, from {rule.low} to {rule.high}."]
+    if kind == "count":
+        _, problem = whole_number(name, value, rule.low, rule.high, host)
+        return [problem[:-1] + (f" ({rule.what})." if rule.what else ".")] if problem else []
+    if kind == "address":
+        return [] if is_address(value) else [
+            f"{name} is {shown}{where}; set it to an IP address or a host name (0.0.0.0 binds every address)."]
+    if kind == "path":
+        return [] if is_absolute_path(value) else [
+            f"{name} is {shown}{where}; set it to an absolute path (starting with /, without . or .. parts)."]
+    if kind == "url":
+        if rule.empty and value in ("", None):
+            return []
+        ok = isinstance(value, str) and re.fullmatch(r"https?://[^\s/]+(/\S*)?", value)
+        return [] if ok else [f"{name} is {shown}{where}; set it to an http:// or https:// URL"
+                              + (" (or leave it empty)." if rule.empty else ".")]
+    if kind in ("name", "names", "packages", "hosts"):
+        items = value if kind != "name" else [value]
+        if not isinstance(items, list):
+            return []  # the spec's type: list refuses it
+        test = {"name": POSIX_NAME.fullmatch, "names": POSIX_NAME.fullmatch,
+                "packages": re.compile(PACKAGE).fullmatch,
+                "hosts": lambda h: is_address(re.sub(r":[0-9]{1,5}$", "", h))}[kind]
+        what = {"name": "a user or group name (lower-case letters, digits, '_' or '-', at most 32)",
+                "names": "a list of group names (lower-case letters, digits, '_' or '-')",
+                "packages": "a list of Debian package names",
+                "hosts": "a list of host names or addresses (HOST or HOST:PORT)"}[kind]
+        bad = [item for item in items if not isinstance(item, str) or not test(item)]
+        return [f"{name} is {value!r}{where}; set it to {what}."] if bad else []
+    if kind == "pattern":
+        ok = isinstance(value, str | int) and not isinstance(value, bool) and re.fullmatch(rule.pattern, str(value))
+        return [] if ok else [f"{name} is {shown}{where}; set it to {rule.what}."]
+    if kind == "secret":
+        ok = isinstance(value, str | int) and not isinstance(value, bool) and re.fullmatch(r"[!-~]*", str(value))
+        return [] if ok else [f"{name} has a space, a line break or another control character{where}; set it to "
+                              "the key alone (printable characters, no whitespace), from vault."]
+    if kind == "nccl_set":
+        sets = sorted((catalog or {}).get("nccl_sets") or {})
+        if value in ("", None) or value in sets:
+            return []
+        return [f"{name} is {shown}{where}, which is no NCCL set of the catalog; set it to one of: "
+                f"{', '.join(sets)} (or leave it empty for the profile's own), or add the set under "
+                "moefleet_extra_profiles' nccl_sets."]
+    if kind == "env":
+        return _env_problems(name, value, host, catalog)
+    raise ValueError(f"RULES[{name!r}]: unknown kind {kind!r}")
+
+
+def input_problems(values: Mapping[str, Any], options: Mapping[str, Any], host: str | None = None,
+                   catalog: Mapping[str, Any] | None = None) -> list[str]:
+    """Every problem of a host's role inputs ``values`` (what it sets, in the inventory or with -e) that the
+    argument spec ``options`` (its roles' main entry points, merged) lets through: misread booleans, each option's
+    declared type (spec_type_problem), then RULES; one sentence each."""
+    out = misread_booleans(values, options, host)
+    for name, option in options.items():
+        if name not in values:
+            continue
+        problem = spec_type_problem(name, values[name], option, host)
+        if problem:
+            out.append(problem)
+            continue
+        out.extend(rule_problems(name, values[name], host, catalog))
+    return out

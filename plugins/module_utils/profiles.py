@@ -309,18 +309,8 @@ def flag_value_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def whole_number(name: str, value: Any, low: int, high: int, host: str | None = None) -> tuple[int | None, str | None]:
-    """``(number, None)`` for a whole number (or its digits as -e passes them) within bounds, else
-    ``(None, sentence)``."""
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value.strip()):
-        number = int(value)
-    if number is not None and low <= number <= high:
-        return number, None
-    where = f" for {host}" if host else ""
-    return None, f"{name} is {value!r}{where}; set it to a whole number from {low} to {high}."
+# One reader of a whole number for every controller check (module_utils/playbook_inputs.py).
+whole_number = playbook_inputs.whole_number
 
 
 HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")

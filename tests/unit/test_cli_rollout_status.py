@@ -605,9 +605,20 @@ def test_deploy_check_puts_every_host_in_one_batch_without_a_canary(fleet, inven
     assert lines[-1].endswith("The deploy asks before restarting them (--yes: without asking).")
 
 
-def test_deploy_check_json_ignores_routers(monkeypatch, inventory, capsys):
-    monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({"lab-1": "ep8", "lab-2": "ep8"}, routers=["lab-router"]))
-    assert cli.main(["deploy", "-i", str(inventory), "--check", "--json", "-e", "profile=ep8"]) == 0
+def test_deploy_behind_routers_is_refused_unless_a_maintenance_window(monkeypatch, inventory, capsys):
+    """deploy.yml does not drain: behind routers it is refused before anything runs (validate.yml's sentence,
+    playbook_inputs.outage), naming the drained way and the maintenance window; with the window, the plan."""
+    adhoc = FakeAdhoc({"lab-1": "ep8", "lab-2": "ep8"}, routers=["lab-router"])
+    monkeypatch.setattr(runner, "run_adhoc", adhoc)
+    assert cli.main(["deploy", "-i", str(inventory), "--check", "--json", "-e", "profile=ep8"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("moefleet deploy: deploy.yml would restart 2 of the 2 workers behind the routers (lab-router) without "
+            "taking them out of the routers first") in err
+    assert "moefleet rollout -e profile=ep8 (or ansible-playbook playbooks/rollout.yml -e profile=ep8)" in err
+    assert "-e moefleet_maintenance_window=true" in err
+    assert [module for module, _, _ in adhoc.calls] == ["ansible.builtin.debug"]  # no host's facts were read
+    assert cli.main(["deploy", "-i", str(inventory), "--check", "--json", "-e", "profile=ep8",
+                     "-e", "moefleet_maintenance_window=true"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert (plan["playbook"], plan["behind_routers"], plan["batches"], plan["serial"]) == ("deploy.yml", False, 1, [0])
     assert [row["canary"] for row in plan["hosts"]] == [False, False]
@@ -651,3 +662,16 @@ def test_deploy_help_shares_rollouts_arguments(capsys):
     text = capsys.readouterr().out
     for option in ("-i INVENTORY", "--limit PATTERN", "--check", "--yes", "--json", "--extra-vars VARS", "--report"):
         assert option in text
+
+
+@pytest.mark.parametrize("size", ["100%", "2", "5"])
+def test_rollout_draining_every_worker_at_once_is_refused_unless_a_maintenance_window(monkeypatch, inventory, capsys,
+                                                                                      size):
+    monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({"lab-1": "ep8", "lab-2": "ep8"}, routers=["lab-router"]))
+    args = ["rollout", "-i", str(inventory), "--check", "-e", "profile=ep8", "-e", f"moefleet_max_unavailable={size}"]
+    assert cli.main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"moefleet_max_unavailable={size} would take 2 of the 2 workers of this run out of the routers "
+            "(lab-router) at once, leaving 0 of the 2 workers behind them serving") in err
+    assert cli.main([*args, "-e", "moefleet_maintenance_window=true"]) == 0
+    assert cli.main([*args[:-1], "moefleet_max_unavailable=1"]) == 0

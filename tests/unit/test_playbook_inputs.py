@@ -71,10 +71,10 @@ def test_good_batch_sizes(value):
 
 
 @pytest.mark.parametrize(("value", "why"), [
-    (0, "which Ansible takes as every host at once (say 100% for that)"),
-    ("0", "which Ansible takes as every host at once (say 100% for that)"),
-    (-1, "which Ansible takes as every host at once (say 100% for that)"),
-    ("-1", "which Ansible takes as every host at once (say 100% for that)"),
+    (0, "which Ansible takes as every host at once"),
+    ("0", "which Ansible takes as every host at once"),
+    (-1, "which Ansible takes as every host at once"),
+    ("-1", "which Ansible takes as every host at once"),
     ("-25%", "a negative percentage"),
     ("banana", "not a number of hosts or a percentage"),
     ("", "not a number of hosts or a percentage"),
