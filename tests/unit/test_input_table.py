@@ -1,0 +1,307 @@
+"""Every operator input is checked on the controller: for each variable of each role's meta/argument_specs.yml
+(main entry point) and each playbook input, a bad value is refused by the code playbooks/validate.yml runs, before
+any host is contacted. A variable added to a spec without a row here fails test_every_input_has_a_bad_value.
+
+The checking code, called as validate.yml calls it: ansible.builtin.validate_argument_spec's validator
+(ArgumentSpecValidator) over the role's spec; the moefleet.serving.input_problems filter (booleans `| bool`
+misreads, each option's declared type, the RULES table of module_utils/playbook_inputs.py, the catalog's NCCL sets);
+module resolve_profiles' host_problems (module_utils/profiles.py: the GPU count, the port, the extra flags, the
+served model, the model source), with the roles' defaults under the host's values as validate.yml passes them; and
+for the run's own inputs playbook_inputs.problems (the playbook_input_problems filter). The run of validate.yml
+itself is tests/integration/test_validate_playbook.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible_collections.moefleet.serving.plugins.filter import moefleet as filters
+from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs, profiles
+
+ROOT = Path(__file__).resolve().parents[2]
+VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())
+HOST_PLAY = next(play for play in VALIDATE if play["hosts"] == "blackwell")
+ROUTER_PLAY = next(play for play in VALIDATE if play["hosts"] == "routers")
+HOST_ROLES = HOST_PLAY["vars"]["moefleet_host_roles"]
+ROUTER_ROLES = ROUTER_PLAY["vars"]["moefleet_router_roles"]
+HOST_SPEC = HOST_PLAY["vars"]["moefleet_host_inputs_spec"]
+CATALOG = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())
+# Not the operator's: serve.yml passes the sglang_service role its profile and catalog (validate.yml does too), and
+# the playbooks pass router_membership its state. node_metrics and monitoring_server run from playbooks/monitoring.yml,
+# which does not import validate.yml: Ansible checks their specs' types as the roles start.
+NOT_CHECKED_BY_VALIDATE = {
+    "sglang_service_profile": "serve.yml passes it (-e profile / sglang_profile, checked by resolve_profiles)",
+    "sglang_service_catalog": "serve.yml passes it (the catalog validate.yml validated)",
+    "router_membership_state": "the playbooks pass it (out/in)",
+}
+NOT_DEPLOY_ROLES = {"node_metrics", "monitoring_server"}
+
+# variable -> (a bad value, a piece of the sentence that refuses it)
+BAD: dict[str, tuple[object, str]] = {
+    # moefleet_common
+    "moefleet_libexec_dir": ("usr/local/libexec", "set it to an absolute path"),
+    "moefleet_lib_dir": ("/usr/../lib", "set it to an absolute path"),
+    "moefleet_health_facts_file": ({"a": 1}, "not text"),
+    "moefleet_unfit_file": ("unfit", "set it to an absolute path"),
+    # nvidia_driver
+    "nvidia_driver_branch": (550, "from 570 to 999"),
+    "nvidia_driver_package": ("nvidia open", "a Debian package name"),
+    "nvidia_driver_repo_distro": ("debian 12", "NVIDIA's repository name"),
+    "nvidia_driver_repo_url": ("ftp://mirror/", "http:// or https:// URL"),
+    "nvidia_driver_repo_key_url": ("", "http:// or https:// URL"),
+    "nvidia_driver_kernel_headers": ("maybe", "not a valid boolean"),
+    "nvidia_driver_kernel_release": ("6.1 amd64", "a kernel release"),
+    "nvidia_driver_kernel_headers_metapackage": ("Linux Headers", "a Debian package name"),
+    "nvidia_driver_mok_enrolled": ("y", "which is not a boolean"),
+    "nvidia_driver_update_initramfs": ("sometimes", "not a valid boolean"),
+    "nvidia_driver_reboot": ("t", "which is not a boolean"),
+    "nvidia_driver_reboot_timeout": (0, "from 1 to 86400"),
+    "nvidia_driver_check_kernel_module": ("maybe", "not a valid boolean"),
+    "nvidia_driver_expected_gpu_count": (0, "set it to a whole number from 1 to 64"),
+    "nvidia_driver_expected_gpu_name": ("", "the GPU's name"),
+    "nvidia_driver_expected_compute_cap": (12.0, "not text"),
+    # cuda_toolkit
+    "cuda_toolkit_version": (12.1, "not text"),
+    "cuda_toolkit_package": ("cuda toolkit", "a Debian package name"),
+    "cuda_toolkit_home": ("cuda", "set it to an absolute path"),
+    "cuda_toolkit_env_file": ("default/cuda", "set it to an absolute path"),
+    "cuda_toolkit_profile_file": (["/etc/profile.d/x"], "not text"),
+    # sglang
+    "sglang_user": ("SGLang User", "a user or group name"),
+    "sglang_group": ("", "a user or group name"),
+    "sglang_device_groups": (["video", "Render Group"], "a list of group names"),
+    "sglang_home": ("~sglang", "set it to an absolute path"),
+    "sglang_build_packages": (["build essential"], "a list of Debian package names"),
+    "sglang_venv": ("venv", "set it to an absolute path"),
+    "sglang_package_spec": ("", "a pip requirement"),
+    "sglang_pip_index_url": ("pypi.internal", "http:// or https:// URL"),
+    "sglang_pip_extra_index_url": ("file:///wheels", "http:// or https:// URL"),
+    "sglang_pip_trusted_hosts": (["not a host"], "a list of host names or addresses"),
+    "sglang_config_dir": ("etc/sglang", "set it to an absolute path"),
+    "sglang_env": ({"HF HOME": "/x"}, "no environment variable name"),
+    # sglang_model
+    "sglang_model_path": ("models/k2", "set it to the absolute path"),
+    "sglang_model_source": ("s3", "must be one of: huggingface, prestaged"),
+    "sglang_model_repo": ("Kimi-K2.6", "owner/name"),
+    "sglang_model_revision": ("main", "the 40-hex commit hash"),
+    "sglang_model_hf_token": ("hf_abc def", "no whitespace"),
+    "sglang_model_gated": ("maybe", "not a valid boolean"),
+    "sglang_model_hf_endpoint": ("hf-mirror.internal", "http:// or https:// URL"),
+    "sglang_model_download_timeout": (-5, "from 60 to 604800"),
+    "sglang_model_download_poll": (0, "from 1 to 3600"),
+    "sglang_model_disk_reserve_bytes": (-1, "from 0 to"),
+    "sglang_model_verify_checksums": ("maybe", "not a valid boolean"),
+    # sglang_service
+    "sglang_service_nccl_set": ("pcie_p2pp", "is no NCCL set of the catalog; set it to one of: pcie_p2p, pcie_shm"),
+    "sglang_service_extra_env": ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "which this unit owns"),
+    "sglang_service_extra_flags": ({"tp_size": 4}, "tp_size changes the GPU layout"),
+    "sglang_service_served_model_name": ("kimi k2", "a model name without spaces"),
+    "sglang_service_answer_check": ("maybe", "not a valid boolean"),
+    "sglang_service_answer_timeout": (0, "from 1 to 86400"),
+    "sglang_service_model": ("gpt-5", "has no entry in sglang_service_models"),
+    "sglang_service_models": ("kimi", "unable to convert to dict"),
+    "sglang_service_tool_call_parser": ("kimi_k3", "sglang_service_tool_call_parser"),
+    "sglang_service_reasoning_parser": ("kimi_k3", "sglang_service_reasoning_parser"),
+    "sglang_service_sampling_defaults": ("greedy", "must be one of"),
+    "sglang_service_context_length": (-1, "from 0 to 10485760 (0 serves the model's own)"),
+    "sglang_service_metrics": ("maybe", "not a valid boolean"),
+    "sglang_service_host": ("not an address", "set it to an IP address or a host name"),
+    "sglang_service_port": (99999, "set it to a whole number from 1 to 65535"),
+    "sglang_service_api_key": ("sk-1\n", "no whitespace"),
+    "sglang_service_cuda_env_file": ("cuda.env", "set it to an absolute path"),
+    "sglang_service_ready_timeout": (-5, "from 1 to 604800"),
+    "sglang_service_hang_timeout": (0, "from 1 to 86400"),
+    "sglang_service_stop_timeout": (0, "from 1 to 86400"),
+    "sglang_service_rollback": ("maybe", "not a valid boolean"),
+    "sglang_service_degraded_fails": ("n", "which is not a boolean"),
+    "sglang_service_retry": ("maybe", "not a valid boolean"),
+    "sglang_service_state_dir": ("state", "set it to an absolute path"),
+    "sglang_service_facts_file": ("moefleet.fact", "set it to an absolute path"),
+    "sglang_service_runtime_facts_file": ("/etc/./x.fact", "set it to an absolute path"),
+    "sglang_service_unit_backups": (-1, "from 0 to 100"),
+    "sglang_service_runtime_oom_limit": (0, "from 1 to 100"),
+    # fault_watch
+    "fault_watch_hang_seconds": (0, "from 1 to 86400"),
+    "fault_watch_interval": (0, "from 1 to 3600"),
+    "fault_watch_config_file": ("fault-watch.json", "set it to an absolute path"),
+    "fault_watch_status_port": (0, "from 1 to 65535"),
+    "fault_watch_state_dir": ("var/lib/moefleet", "set it to an absolute path"),
+    "fault_watch_retry_window": (-1, "from 0 to 2592000"),
+    "fault_watch_sysfs_pci_devices": ("sys/bus/pci", "set it to an absolute path"),
+    "fault_watch_reboot_timeout": (0, "from 1 to 86400"),
+    "fault_watch_reboot_command": ({"cmd": "reboot"}, "not text"),
+    "fault_watch_boot_time_command": (["uptime"], "not text"),
+    # sglang_router
+    "sglang_router_package_spec": ("", "a pip requirement"),
+    "sglang_router_pip_index_url": ("pypi", "http:// or https:// URL"),
+    "sglang_router_pip_extra_index_url": ("pypi", "http:// or https:// URL"),
+    "sglang_router_pip_trusted_hosts": (["a b"], "a list of host names or addresses"),
+    "sglang_router_user": ("S M G", "a user or group name"),
+    "sglang_router_group": ("S M G", "a user or group name"),
+    "sglang_router_home": ("smg", "set it to an absolute path"),
+    "sglang_router_venv": ("venv", "set it to an absolute path"),
+    "sglang_router_config_dir": ("etc/smg", "set it to an absolute path"),
+    "sglang_router_host": ("every address", "set it to an IP address or a host name"),
+    "sglang_router_port": (0, "from 1 to 65535"),
+    "sglang_router_prometheus_host": ("", "set it to an IP address or a host name"),
+    "sglang_router_prometheus_port": (70000, "from 1 to 65535"),
+    "sglang_router_policy": ("fastest", "must be one of"),
+    "sglang_router_worker_group": ("gpu workers", "the inventory group of the workers"),
+    "sglang_router_admin_key": ("admin key", "no whitespace"),
+    "sglang_router_worker_api_key": ("sk 1", "no whitespace"),
+    "sglang_router_worker_startup_timeout": (0, "from 1 to 86400"),
+    "sglang_router_health_check_interval": (0, "from 1 to 3600"),
+    "sglang_router_health_failure_threshold": (0, "from 1 to 1000"),
+    "sglang_router_stop_timeout": (0, "from 1 to 86400"),
+    "sglang_router_ready_timeout": (0, "from 1 to 86400"),
+    "sglang_router_drain_timeout": (0, "from 1 to 86400"),
+    "sglang_router_join_timeout": (0, "from 1 to 86400"),
+    "sglang_router_guard_interval": (0, "from 1 to 3600"),
+    # the playbooks' per-host inputs (moefleet_host_inputs_spec)
+    "moefleet_allow_unfit": ("sure", "not a valid boolean"),
+    "moefleet_gpu_memory_gib": (0, "from 1 to 4096"),
+}
+
+# The run's own inputs (playbook_inputs.INPUTS, given with -e): a bad value each.
+BAD_RUN = {
+    "moefleet_serial": ([1, 0], "batch size 2 of moefleet_serial is 0, which Ansible takes as every host at once"),
+    "moefleet_max_unavailable": ("0%", "which is no host"),
+    "moefleet_max_fail_percentage": ("150", "set it to a whole number from 0 to 100"),
+    "moefleet_any_errors_fatal": ("maybe", "which is not a boolean"),
+    "moefleet_health_gate": ("maybe", "which is not a boolean"),
+    "moefleet_through_routers": ("maybe", "which is not a boolean"),
+    "moefleet_maintenance_window": ("perhaps", "which is not a boolean"),
+    "confirm": ("1", "set it to yes or no"),
+    "apply": ("maybe", "which is not a boolean"),
+}
+
+
+def options(role: str) -> dict:
+    text = (ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text()
+    return yaml.safe_load(text)["argument_specs"]["main"].get("options") or {}
+
+
+def role_of(name: str) -> str | None:
+    return next((role for role in [*HOST_ROLES, *ROUTER_ROLES] if name in options(role)), None)
+
+
+def refusals(name: str, value: object) -> list[str]:
+    """Every sentence validate.yml's checks give a host that sets ``name`` to ``value`` (and nothing else)."""
+    role = role_of(name)
+    spec = options(role) if role else HOST_SPEC
+    given = {name: value}
+    # validate.yml gives the sglang_service role's spec its profile and catalog, as serve.yml passes them
+    serve = {"sglang_service_profile": "tp8", "sglang_service_catalog": CATALOG} if role == "sglang_service" else {}
+    found = ArgumentSpecValidator(spec).validate({**given, **serve}, validate_role_argument_spec=True).error_messages
+    roles = [role] if role else []
+    found += filters.input_problems(roles, given, str(ROOT / "roles"), {} if role else HOST_SPEC, "gpu-1", CATALOG)
+    if role in HOST_ROLES or role is None:
+        # play 1: resolve_profiles' rules between inputs, the host's values over the roles' defaults it reads
+        defaults = {}
+        for source in ("nvidia_driver", "sglang_model", "sglang_service"):
+            defaults.update(yaml.safe_load((ROOT / "roles" / source / "defaults" / "main.yml").read_text()))
+        inputs = {**defaults, "sglang_model_source": "huggingface", "sglang_model_revision": "a" * 40, **given}
+        found += profiles.host_problems("gpu-1", inputs, CATALOG, "tp8")
+    return found
+
+
+def spec_variables() -> set[str]:
+    names = set(HOST_SPEC)
+    for role in sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists()):
+        if role not in NOT_DEPLOY_ROLES:
+            names |= set(options(role))
+    return names - set(NOT_CHECKED_BY_VALIDATE)
+
+
+def test_every_input_has_a_bad_value():
+    """A variable added to an argument spec (or to the playbooks' inputs) without a row here fails this test."""
+    assert sorted(spec_variables() - set(BAD)) == [], "add a bad value for these, and a check that refuses it"
+    assert sorted(set(BAD) - spec_variables()) == [], "these rows name no variable of a spec validate.yml checks"
+    assert set(BAD_RUN) == set(playbook_inputs.INPUTS)
+
+
+def test_validate_yml_checks_every_role_the_playbooks_run_on_hosts():
+    roles = {p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists()}
+    assert set(HOST_ROLES) | set(ROUTER_ROLES) == roles - NOT_DEPLOY_ROLES - {"router_membership"}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_value_of_each_role_input_is_refused_naming_it(name):
+    value, sentence = BAD[name]
+    found = refusals(name, value)
+    assert any(name in s and sentence in s for s in found), found
+
+
+@pytest.mark.parametrize("name", sorted(BAD_RUN))
+def test_a_bad_value_of_each_run_input_is_refused_naming_it(name):
+    value, sentence = BAD_RUN[name]
+    found = playbook_inputs.problems({name: value})
+    assert any(name in s and sentence in s for s in found), found
+
+
+def test_the_roles_defaults_pass_every_check():
+    """The rules refuse no role's own default (those that are no template of other variables)."""
+    for role in [*HOST_ROLES, *ROUTER_ROLES]:
+        path = ROOT / "roles" / role / "defaults" / "main.yml"
+        defaults = yaml.safe_load(path.read_text()) or {}
+        plain = {k: v for k, v in defaults.items() if k in options(role) and not (isinstance(v, str) and "{{" in v)}
+        assert playbook_inputs.input_problems(plain, options(role), "gpu-1", CATALOG) == [], role
+
+
+SHIPPED = ["inventory/example/group_vars/blackwell/main.yml", "inventory/sim/group_vars/all.yml",
+           "inventory/example/group_vars/routers/main.yml", "inventory/sim/group_vars/routers.yml"]
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_the_shipped_inventories_pass_every_check(path):
+    file = ROOT / path
+    if not file.exists():
+        pytest.skip(f"{path} is not shipped")
+    values = {k: v for k, v in (yaml.safe_load(file.read_text()) or {}).items()
+              if not (isinstance(v, str) and "{{" in v)}
+    spec = dict(HOST_SPEC)
+    for role in [*HOST_ROLES, *ROUTER_ROLES]:
+        spec.update(options(role))
+    assert playbook_inputs.input_problems(values, spec, "gpu-1", CATALOG) == []
+
+
+@pytest.mark.parametrize(("env", "fix"), [
+    ({"NCCL_P2P_DISABLE": "1"}, "which the NCCL set pcie_shm defines"),
+    ({"NCCL_ALGO": "Tree"}, "set sglang_service_nccl_set to a set of the catalog instead"),
+    ({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, "the unit sets it to PCI_BUS_ID"),
+    ({"SGLANG_ENABLE_JIT_DEEPGEMM": "1"}, "the unit sets it to 0"),
+    ({"HF_HOME": "/data/hf"}, "set sglang_env instead"),
+    ({"NCCL_DEBUG": {"level": "INFO"}}, "set it to text"),
+])
+def test_extra_env_names_the_unit_owns_are_refused_with_what_to_set(env, fix):
+    found = refusals("sglang_service_extra_env", env)
+    assert any(fix in s for s in found), found
+
+
+def test_extra_env_that_sets_nothing_the_unit_owns_passes():
+    assert refusals("sglang_service_extra_env", {"NCCL_DEBUG": "INFO", "SGLANG_SIM_FAULTS": "[]"}) == []
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1", "0.0.0.0", "::", "[::1]", "fd00::5", "gpu-01.lab.internal", "gpu1"])
+def test_addresses_and_host_names_pass(value):
+    assert refusals("sglang_service_host", value) == []
+
+
+@pytest.mark.parametrize("value", ["not an address", "", "10.0.0.300", "http://10.0.0.1", "gpu_01", {"ip": "1.2.3.4"}])
+def test_anything_else_is_no_address(value):
+    assert refusals("sglang_service_host", value)
+
+
+def test_a_secret_is_never_echoed():
+    found = refusals("sglang_service_api_key", "sk-sentinel-7f3a secret")
+    assert found and not any("sentinel" in s for s in found)
+    found = refusals("sglang_router_admin_key", {"key": "sk-sentinel-7f3a"})
+    assert found and not any("sentinel" in s for s in found)
+
+
+def test_context_length_zero_is_the_models_own_and_passes():
+    assert refusals("sglang_service_context_length", 0) == []
+    assert refusals("sglang_service_context_length", "131072") == []
