@@ -109,9 +109,14 @@ def test_the_refusal_runs_before_any_change():
     assert tasks[0]["ansible.builtin.import_tasks"] == "preflight.yml"
     preflight = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
     modules = [next(k for k in t if k.startswith("ansible.builtin.")) for t in preflight]
-    # Only reads and checks in the preflight: no package, file or service module.
+    # Only reads and checks in the preflight: no package, file or service module; apt only refreshes its lists (to
+    # ask whether the running kernel's headers are in the archive), installing nothing.
     assert set(modules) <= {"ansible.builtin.setup", "ansible.builtin.assert", "ansible.builtin.package_facts",
-                            "ansible.builtin.command", "ansible.builtin.slurp", "ansible.builtin.stat"}
+                            "ansible.builtin.command", "ansible.builtin.slurp", "ansible.builtin.stat",
+                            "ansible.builtin.apt"}
+    for task in preflight:
+        if "ansible.builtin.apt" in task:
+            assert set(task["ansible.builtin.apt"]) == {"update_cache", "cache_valid_time"}, task
 
 
 @pytest.mark.parametrize("inventory", [
@@ -134,3 +139,58 @@ def test_the_kernel_release_can_stand_in_for_the_running_kernel():
     assert _value(templar, "_nvidia_driver_kernel_headers_packages") == [
         "linux-headers-6.1.0-31-cloud-amd64", "linux-headers-cloud-amd64"]
     assert not _refused(templar)
+
+
+# -- a stale image: the running kernel's headers left the archive -------------------------------------------------
+
+STALE = _task("preflight.yml", "Refuse a kernel whose headers left the archive")
+POLICY = {
+    "there": "linux-headers-6.1.0-31-amd64:\n  Installed: (none)\n  Candidate: 6.1.128-1\n  Version table:\n"
+             "     6.1.128-1 500\n        500 http://deb.debian.org/debian bookworm/main amd64 Packages\n",
+    "gone": "",  # apt-cache policy prints nothing for a package no source lists (N: Unable to locate package)
+    "no version": "linux-headers-6.1.0-31-amd64:\n  Installed: (none)\n  Candidate: (none)\n  Version table:\n",
+}
+
+
+def _stale_refused(kernel: str, policy: str, installed: tuple[str, ...] = (), check_mode: bool = False,
+                   **inventory) -> bool:
+    templar = _templar(kernel, **inventory)
+    templar.available_variables = {
+        **templar.available_variables, "ansible_check_mode": check_mode,
+        "ansible_facts": {**templar.available_variables["ansible_facts"],
+                          "packages": {name: [{"version": "1"}] for name in installed}},
+        "__nvidia_driver_headers_policy": {"stdout": policy}}
+    if not all(templar.evaluate_conditional(trust_as_template(w)) for w in STALE["when"]):
+        return False
+    return not templar.evaluate_conditional(trust_as_template(STALE["ansible.builtin.assert"]["that"]))
+
+
+@pytest.mark.parametrize(("policy", "refused"), [("there", False), ("gone", True), ("no version", True)])
+def test_a_kernel_whose_headers_left_the_archive_is_refused_before_any_change(policy, refused):
+    assert _stale_refused("6.1.0-31-amd64", POLICY[policy]) is refused
+
+
+def test_the_stale_kernel_refusal_says_what_to_do():
+    templar = _templar("6.1.0-31-cloud-amd64")
+    message = " ".join(templar.template(trust_as_template(STALE["ansible.builtin.assert"]["fail_msg"])).split())
+    assert "gpu-1 runs kernel 6.1.0-31-cloud-amd64, whose headers (linux-headers-6.1.0-31-cloud-amd64) are not in" \
+        in message
+    assert "Nothing was changed." in message
+    assert "apt-get install linux-image-cloud-amd64, then reboot" in message
+    assert "set nvidia_driver_kernel_headers to false" in message
+
+
+@pytest.mark.parametrize(("installed", "inventory", "check_mode"), [
+    (("linux-headers-6.1.0-31-amd64",), {}, False),  # already installed: nothing to ask
+    ((), {"nvidia_driver_kernel_headers": False}, False),  # the module comes another way
+    ((), {}, True),  # check mode cannot refresh apt's lists: the install step says so instead
+], ids=["installed", "headers off", "check mode"])
+def test_no_stale_kernel_refusal_where_nothing_is_to_install_or_apt_cannot_tell(installed, inventory, check_mode):
+    assert not _stale_refused("6.1.0-31-amd64", POLICY["gone"], installed, check_mode, **inventory)
+
+
+def test_the_preflight_asks_apt_for_the_running_kernels_headers():
+    asked = _task("preflight.yml", "Ask apt whether the running kernel's headers can be installed")
+    assert asked["ansible.builtin.command"]["argv"] == [
+        "apt-cache", "policy", "linux-headers-{{ nvidia_driver_kernel_release }}"]
+    assert asked["register"] == "__nvidia_driver_headers_policy" and asked["check_mode"] is False
