@@ -104,7 +104,7 @@ sim-down:
 	@test -x $(BIN)/python && $(BIN)/python sim/lab/lab.py down || $(PYTHON) sim/lab/lab.py down
 
 demo: sim-up
-	$(BIN)/ansible-playbook deploy.yml -e profile=$(PROFILE)
+	$(BIN)/ansible-playbook deploy.yml -e profile=$(PROFILE)$(if $(filter 1,$(ROUTER) $(MONITORING)), -e moefleet_maintenance_window=true)
 	$(if $(filter 1,$(MONITORING)),$(BIN)/ansible-playbook playbooks/monitoring.yml)
 
 bench: setup sim-image sim-mirrors

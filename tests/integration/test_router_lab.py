@@ -210,7 +210,9 @@ def routed_lab(tmp_path_factory):
         # All workers at once (deploy.yml), then the gateway in front of them. (Installed meanwhile, the
         # gateway starts before the workers serve and registers them up to 18 s late: no faster in all.)
         # the workers are installed (the installed base): only what serves changes, as --serve-only
-        deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA, options=SERVE_ONLY)
+        # (no gateway serves yet: deploy.yml behind routers needs the maintenance window, which it announces)
+        deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA, "moefleet_maintenance_window=true",
+                                options=SERVE_ONLY)
         assert deployed.returncode == 0, deployed.stdout[-4000:]
         clock.lap("deploy tp8 to 3 workers at once")
         _run(VENV_BIN / "ansible", "-i", inventory, "routers", "-m", "ansible.builtin.include_role",
@@ -405,7 +407,8 @@ def test_the_same_fault_right_after_keeps_the_host_out_with_the_evidence(routed_
     assert entry["state"] == "unhealthy" and entry["fault"]["state"] == "hardware", entry
     # A deploy does not start SGLang on it either: refused with the reason, before the unit changes.
     unit = on_host(inventory, victim, "sha256sum /etc/systemd/system/sglang.service")
-    deployed = run_playbook(inventory, "deploy.yml", "profile=ep8", EXTRA,
+    # (deploy.yml does not drain: behind routers only in a maintenance window; the host is out of the routers anyway)
+    deployed = run_playbook(inventory, "deploy.yml", "profile=ep8", EXTRA, "moefleet_maintenance_window=true",
                             options=(*SERVE_ONLY, "-l", f"{victim},localhost"))
     assert deployed.returncode != 0
     assert f"{victim} is unfit to serve since" in deployed.stdout and "moefleet remediate" in deployed.stdout
