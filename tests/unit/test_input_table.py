@@ -305,3 +305,16 @@ def test_a_secret_is_never_echoed():
 def test_context_length_zero_is_the_models_own_and_passes():
     assert refusals("sglang_service_context_length", 0) == []
     assert refusals("sglang_service_context_length", "131072") == []
+
+
+def test_each_playbook_that_serves_names_itself_to_validate_yml():
+    """validate.yml's outage check reads serve.yml's vars from the playbook moefleet_serving_playbook names: each
+    playbook that imports both names itself (a copy under another name would check another file's vars)."""
+    serving = []
+    for path in sorted((ROOT / "playbooks").glob("*.yml")):
+        plays = yaml.safe_load(path.read_text()) or []
+        imports = {play.get("ansible.builtin.import_playbook"): play for play in plays if isinstance(play, dict)}
+        if "serve.yml" in imports and "validate.yml" in imports:
+            serving.append(path.name)
+            assert imports["validate.yml"]["vars"]["moefleet_serving_playbook"] == path.name
+    assert serving == ["deploy.yml", "rollout.yml"]
