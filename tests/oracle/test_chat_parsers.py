@@ -52,8 +52,9 @@ PARSERS = {"both kimi_k2": ("kimi_k2", "kimi_k2"), "none": (None, None), "tools 
 
 def _simulated(body: dict, reasoning_parser, tool_call_parser, garbage=False, model=chat.KIMI):
     prompt = "\n".join(_content_text(m.get("content")) for m in body["messages"])
-    words, finish = completion_words(prompt, body.get("max_tokens"))
-    text, finish = chat.raw(body, words, finish, _content_text, garbage=garbage, model=model)
+    thought = chat.thought_tokens(body, prompt) if chat.thinks(body, model) and not garbage else 0  # as http.py
+    words, finish = completion_words(prompt, body.get("max_tokens"), thought=thought)
+    text, finish = chat.raw(body, words, finish, _content_text, garbage=garbage, model=model, thought=thought)
     message, finish_reason = chat.message(text, body, finish, reasoning_parser, tool_call_parser)
     return text, finish, message, finish_reason
 

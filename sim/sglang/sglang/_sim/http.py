@@ -334,8 +334,7 @@ class Handler(BaseHTTPRequestHandler):
         finished = decoding = False
         sched = st.scheduler
         try:
-            sched.prefill(ptoks)  # waits its turn in TP0's loop; chunked as SGLang does
-            sched.decode_begin()
+            sched.prefill(ptoks)  # waits its turn in TP0's loop; chunked as SGLang does; then it decodes
             decoding = True
             step = clock.sim_now()
             t = step + 1.0 / speed

@@ -33,16 +33,20 @@ PREFILL_SPEED_ENV = "SGLANG_SIM_PREFILL_TOKENS_PER_S"
 # 2k-45k input tokens with up to 10 concurrent requests, mean TTFT ~9 s and median ~3.7 s (Yannick Nick's
 # KTransformers/SGLang comparison posts, Feb 2026), i.e. a few thousand prompt tokens a second. 2000 is the
 # conservative end of that: slower prefill means longer stalls, the harder case for anything watching the host.
-# It ignores that late chunks of a very long prompt are slower (attention over the whole prefix).
+# It is the figure of TP8 (`--tp-size 8`); other layouts scale it by their saturated decode aggregate
+# (throughput.py: EP8 x960/808, TP2-EP4 x1531/808, PP8 x396/808), as the whole batch's compute does. It ignores
+# that late chunks of a very long prompt are slower (attention over the whole prefix).
 DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
 
 
-def prefill_speed() -> float:
+def prefill_speed(agg: float) -> float:
+    """SGLANG_SIM_PREFILL_TOKENS_PER_S when set (any layout), else the TP8 default scaled by the layout's aggregate."""
+    default = DEFAULT_PREFILL_TOKENS_PER_S * agg / T.CALIBRATION["tp8"][1]
     try:
-        value = float(os.environ.get(PREFILL_SPEED_ENV, DEFAULT_PREFILL_TOKENS_PER_S))
-    except ValueError:
-        value = DEFAULT_PREFILL_TOKENS_PER_S
-    return value if value > 0 else DEFAULT_PREFILL_TOKENS_PER_S
+        value = float(os.environ[PREFILL_SPEED_ENV])
+    except (KeyError, ValueError):
+        return default
+    return value if value > 0 else default
 
 
 def hang_while_nccl_hangs() -> None:
@@ -81,7 +85,7 @@ class Scheduler:
         self.clock = st.serve_clock
         self.chunk = int(st.args.chunked_prefill_size or -1)
         self.log_interval = max(1, int(getattr(st.args, "decode_log_interval", 40) or 40))
-        self.speed = prefill_speed()
+        self.speed = prefill_speed(st.agg)
         self.cuda_graph_max_bs = int(st.plan.cuda_graph_max_bs or 0)
         self.max_total = max(1, int(st.plan.max_total_num_tokens or 1))
         self.cv = threading.Condition()
@@ -91,7 +95,7 @@ class Scheduler:
         self.decoding = 0  # requests past their prefill, not finished
         self.kv_tokens = 0  # tokens held in the KV pool by requests in flight
         self.prefilling = threading.Event()
-        self.decode_steps = 0.0  # forward_ct_decode, fractional between log lines
+        self.decode_steps = 0.0  # forward_ct_decode (fractional: many requests share a batch)
         self.last_prefill_tic = self.clock.sim_now()
         self.last_prefill_tokens = 0
         self.last_decode_tic = self.clock.sim_now()
@@ -106,14 +110,25 @@ class Scheduler:
             self.cv.notify_all()
         job.finished.wait()
 
-    def decode_begin(self) -> None:
-        with self.cv:
-            self.decoding += 1
-            self.cv.notify_all()
-
     def decoded(self, tokens: int) -> None:
+        """A decoding request got `tokens` more: with n requests decoding, each decode batch gives each one token,
+        so they make tokens / n decode batches (forward_ct_decode); every --decode-log-interval of them the loop
+        logs report_decode_stats' line."""
         with self.cv:
             self.kv_tokens += tokens
+            running = max(1, self.decoding)
+            before = self.decode_steps
+            self.decode_steps += tokens / running
+            self.generated_since_log += tokens
+            due = int(self.decode_steps // self.log_interval) - int(before // self.log_interval)
+            if due:  # a request's thread hands over several batches' tokens at once: one line per interval
+                now = self.clock.sim_now()
+                gen = self.generated_since_log / max(now - self.last_decode_tic, 1e-9)
+                self.last_decode_tic, self.generated_since_log = now, 0.0
+                msg = decode_message(running, self.kv_tokens, self.kv_tokens / self.max_total,
+                                     running <= self.cuda_graph_max_bs, gen, len(self.waiting))
+        for _ in range(due):
+            line(self.st.clock, self.st.prefix_tp0, msg)
 
     def release(self, tokens: int, decoding: bool) -> None:
         """A request left: its KV tokens are freed."""
@@ -163,9 +178,11 @@ class Scheduler:
             if batch:
                 self._run_prefill(batch)
             else:
-                self._run_decode()
-            for ev in signals:  # maybe_send_health_check_signal after the batch
-                ev.set()
+                self._decode_batch()
+            if signals:  # maybe_send_health_check_signal after the batch: the tokenizer receives something
+                self.st.last_output = time.time()
+                for ev in signals:
+                    ev.set()
 
     def _next_prefill_batch(self) -> list[tuple[_Prefill, int]]:
         budget = self.chunk if self.chunk > 0 else float("inf")
@@ -199,6 +216,8 @@ class Scheduler:
                 job.done += take
                 if not job.health:
                     self.kv_tokens += take
+                    if job.done >= job.tokens:
+                        self.decoding += 1  # it joins the running batch
             gap = max(now - self.last_prefill_tic, 1e-9)
             throughput = self.last_prefill_tokens / gap
             self.last_prefill_tic, self.last_prefill_tokens = now, new_tokens
@@ -210,28 +229,11 @@ class Scheduler:
                 self.st.last_output = time.time()
                 job.finished.set()
 
-    def _run_decode(self) -> None:
-        """Decode batches until the next log line is due or something else needs the loop."""
+    def _decode_batch(self) -> None:
+        """While requests decode (their tokens come from their own threads, http.py), the loop only waits about one
+        decode batch or until something arrives."""
         with self.cv:
-            running = self.decoding
-            if not running:
-                return
-            speed = T.per_request(running, self.st.s1, self.st.agg)  # decode batches per simulated second
-            left = self.log_interval - (self.decode_steps % self.log_interval)
-            start = self.clock.sim_now()
-            self.cv.wait(timeout=max(left / speed * self.clock.factor, 0.001))
-            end = self.clock.sim_now()
-        hang_while_nccl_hangs()  # outside the lock: requests and health checks still queue up meanwhile
-        with self.cv:
-            steps = (end - start) * speed
-            before = self.decode_steps
-            self.decode_steps += steps
-            self.generated_since_log += steps * running
-            msg = None
-            if int(self.decode_steps // self.log_interval) > int(before // self.log_interval):
-                gen = self.generated_since_log / max(end - self.last_decode_tic, 1e-9)
-                self.last_decode_tic, self.generated_since_log = end, 0.0
-                msg = decode_message(running, self.kv_tokens, self.kv_tokens / self.max_total,
-                                     running <= self.cuda_graph_max_bs, gen, len(self.waiting))
-        if msg:
-            line(self.st.clock, self.st.prefix_tp0, msg)
+            if self.decoding and not (self.waiting or self.inbox):
+                speed = T.per_request(self.decoding, self.st.s1, self.st.agg)
+                self.cv.wait(timeout=max(self.clock.factor / speed, 0.001))
+        hang_while_nccl_hangs()
