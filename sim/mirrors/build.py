@@ -80,6 +80,8 @@ KERNELS = {
 # -cloud-amd64 is newer than the lab's: apt takes the highest version among equal priorities, so without an epoch it
 # would install Debian's real headers (and a compiler) instead. Debian's kernel packages carry no epoch.
 KERNEL_EPOCH = "1"
+# Where the lab serves those headers as a distribution archive would (sim/playbooks/prepare.yml adds it to each host).
+ARCHIVE_DIR = "archive"
 
 
 def say(message: str) -> None:
@@ -715,6 +717,7 @@ def build_apt(inputs: Inputs, keys: dict[str, LabKey], out: Path, arches: list[s
         stage = staging(out / "apt")
         built: dict[tuple[str, str], list[tuple[Path, str]]] = {}
         for arch in arches:
+            archive_entries: list[tuple[Path, str]] = []
             for flavour in sorted({family(d) for d in DISTROS}):
                 pool = work / f"pool-{flavour}-{arch}"
                 pool.mkdir()
@@ -745,6 +748,18 @@ def build_apt(inputs: Inputs, keys: dict[str, LabKey], out: Path, arches: list[s
                 shutil.copyfile(key.armored, repo / "lab-archive-key.asc")
                 shutil.copyfile(key.binary, repo / "lab-archive-key.gpg")
                 shutil.copyfile(key.armored, repo / key.key_file(distro))
+                archive_entries += [e for e in entries if e[0].name.startswith("linux-headers-")]
+            # The distribution archives' part a lab host needs from them: its kernel's headers, which a real host
+            # finds in the sources it already has (prepare.yml adds this one) before NVIDIA's repository is added.
+            # One repository for every layout's kernel (their package names differ); unsigned, as a local archive
+            # copy often is ([trusted=yes] in the source line).
+            archive = stage / ARCHIVE_DIR / ARCH_DIRS[arch]
+            archive.mkdir(parents=True)
+            archive_entries.sort(key=lambda e: e[0].name)
+            for deb, _ in archive_entries:
+                link_or_copy(deb, archive / deb.name)
+            (archive / "Packages").write_bytes("\n".join(stanza for _, stanza in archive_entries).encode())
+            (archive / "Release").write_text(release_text(archive, arch, ["Packages"]))
         swap_in(stage, out / "apt")
 
 
@@ -921,7 +936,8 @@ def host_arches() -> list[str]:
 
 
 def apt_complete(out: Path, arches: list[str]) -> bool:
-    return all((out / "apt" / d / ARCH_DIRS[a] / "InRelease").is_file() for d in DISTROS for a in arches)
+    signed = all((out / "apt" / d / ARCH_DIRS[a] / "InRelease").is_file() for d in DISTROS for a in arches)
+    return signed and all((out / "apt" / ARCHIVE_DIR / ARCH_DIRS[a] / "Release").is_file() for a in arches)
 
 
 def pypi_complete(out: Path) -> bool:
