@@ -55,14 +55,22 @@ STATUS_SCHEMA = json.loads((ROOT / "schemas" / "status.schema.json").read_text()
 # The same extra environment on every run, so the unit (and its fingerprint) only changes with the profile.
 # Starts run on a fast clock (about 2 s instead of 10: nothing here depends on how long a start takes),
 # requests on a slow one.
+# Healthy-but-unusual hosts (test_healthy_but_unusual_hosts_are_left_alone): SGLang's /health waits 2 s instead of 20
+# for the scheduler's answer (SGLANG_HEALTH_CHECK_TIMEOUT, as the lab's hang window is 20 s instead of 60), and
+# prefill runs at 104 prompt tokens per simulated second: an 8192-token chunk takes about 13 s here (longer than
+# /health's wait, shorter than the hang window), the short prompts of every other test well under a second.
 EXTRA = json.dumps({"sglang_service_extra_env": {"SGLANG_SIM_FAULTS": "{{ _lab_sim_faults }}",
                                                  "SGLANG_SIM_TIME_SCALE": "0.2",
-                                                 "SGLANG_SIM_SERVE_TIME_SCALE": "10"}})
+                                                 "SGLANG_SIM_SERVE_TIME_SCALE": "10",
+                                                 "SGLANG_HEALTH_CHECK_TIMEOUT": "2",
+                                                 "SGLANG_SIM_PREFILL_TOKENS_PER_S": "104"}})
 WORKERS = [f"{LAB}-{i}" for i in (1, 2, 3)]
 ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/routers.yml
 # The workers require a key and the gateway has it (lab.py up --router, as the example inventory from vault):
 # clients send it to the gateway, which forwards it.
 WORKER_KEY = "lab-worker-api-key-not-a-secret"  # inventory/sim/group_vars/all.yml (lab_worker_api_key)
+OLD_FAULT_GPU = 5  # its Xid 79 lines are in every worker's boot log from before the first deploy (the fixture)
+OLD_FAULT_PCI = "0000:a1:00"  # GPU 5's PCI bus in the simulated nvidia-smi, as the Xid line names it
 CHUNK = 20  # requests per bounded load chunk; chunks follow each other until the rollout ends
 RATE = 3.0  # requests started per second
 MAX_TOKENS = 200
@@ -207,6 +215,10 @@ def routed_lab(tmp_path_factory):
     try:
         _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml")
         clock.lap("prepare")
+        # A fault of the past in each worker's boot log, before moefleet came: GPU 5 fell off the bus and came back
+        # (its lines only). The watcher a deploy installs starts reading after them: nothing acts on it.
+        for worker in WORKERS:
+            _run(sys.executable, LAB_PY, "fault", worker, "xid79-lines", "--gpu", str(OLD_FAULT_GPU))
         # All workers at once (deploy.yml), then the gateway in front of them. (Installed meanwhile, the
         # gateway starts before the workers serve and registers them up to 18 s late: no faster in all.)
         # the workers are installed (the installed base): only what serves changes, as --serve-only
@@ -712,6 +724,99 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(rout
     assert {h["host"]: set(h["live"]) for h in document["hosts"]} == {
         w: {"running_requests", "kv_usage", "ttft_p99_seconds"} for w in WORKERS}
     assert document["hosts"][2]["live"]["running_requests"] is not None
+
+
+def _paging(router_url: str) -> list[dict]:
+    """The critical alerts Alertmanager would send now (active, neither silenced nor inhibited)."""
+    base = router_url.rsplit(":", 1)[0] + ":9093"
+    query = urllib.parse.urlencode({"active": "true", "silenced": "false", "inhibited": "false"})
+    with urllib.request.urlopen(f"{base}/api/v2/alerts?{query}", timeout=30) as resp:
+        alerts = json.load(resp)
+    return [a["labels"] for a in alerts if a["labels"].get("severity") == "critical"]
+
+
+def _long_prompt(url: str, tokens: int) -> dict:
+    """One prompt of `tokens` tokens (SGLang's /generate with input_ids), 8 tokens back; its answer."""
+    body = json.dumps({"input_ids": [0] * tokens, "sampling_params": {"max_new_tokens": 8}}).encode()
+    req = urllib.request.Request(f"{url}/generate", data=body, headers={
+        "content-type": "application/json", "Authorization": f"Bearer {WORKER_KEY}"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        return json.load(resp)
+
+
+def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
+    """Every automatic action stays silent on the healthy hosts that look most like its fault, with monitoring on:
+    a prompt as long as the worker's KV cache holds, on an idle worker, whose prefill lasts more than twice the lab's
+    hang window (20 s) while its /health fails (each 8192-token chunk outlasts SGLang's wait for the scheduler, 2 s
+    here) and its chunks print progress; an NVMe drive's fatal AER error and a NIC's surprise link down in two
+    workers' kernel logs; each watcher restarted on a boot log that holds GPU 5's Xid 79 lines from before the
+    first deploy; then a rollout under load through the gateway, each start passing the correctness gate with K2.6's
+    own sampling and thoughts of realistic length. Ends with no host taken out, the rollout complete, every request
+    answered, and Alertmanager sending no critical alert at any moment of it."""
+    inventory, router_url = routed_lab
+    urls = _worker_urls(inventory)
+    idle, nvme, nic = WORKERS
+    paged: list[dict] = []
+    stop = threading.Event()
+
+    def watch_alerts():
+        while not stop.is_set():
+            paged.extend(a for a in _paging(router_url) if a not in paged)
+            stop.wait(5)
+
+    watcher = threading.Thread(target=watch_alerts, daemon=True)
+    watcher.start()
+    try:
+        info = json.load(urllib.request.urlopen(urllib.request.Request(
+            f"{urls[idle]}/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"}), timeout=30))
+        tokens = min(28000, int(info["max_total_num_tokens"]) - 1000)
+        health_codes: list[int] = []
+
+        def poll_health():
+            while not stop.is_set():
+                try:
+                    with urllib.request.urlopen(f"{urls[idle]}/health", timeout=10) as resp:
+                        health_codes.append(resp.status)
+                except urllib.error.HTTPError as exc:
+                    health_codes.append(exc.code)
+                except OSError:
+                    health_codes.append(0)
+                stop.wait(1)
+
+        poller = threading.Thread(target=poll_health, daemon=True)
+        began = time.monotonic()
+        poller.start()
+        for host, fault in ((nvme, "nvme-aer"), (nic, "nic-down")):
+            _run(sys.executable, LAB_PY, "fault", host, fault)
+        for host in WORKERS:
+            on_host(inventory, host, "systemctl restart moefleet-fault-watch.service")
+        answer = _long_prompt(urls[idle], tokens)
+        prefill_s = time.monotonic() - began
+        print(f"{tokens}-token prompt on {idle}: answered after {prefill_s:.1f} s; /health meanwhile: "
+              f"{sum(c == 503 for c in health_codes)} x 503 of {len(health_codes)}")
+        assert answer["meta_info"]["prompt_tokens"] == tokens, answer["meta_info"]
+        assert prefill_s > 2 * 20, prefill_s  # more than twice the lab's hang window
+        assert health_codes.count(503) >= 10, health_codes  # SGLang's /health failed through much of it
+        result, load = _rollout_under_load(inventory, router_url, "profile=tp8")
+    finally:
+        stop.set()
+        watcher.join(30)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert load["failed"] == 0 and load["sent"] >= CHUNK, load
+    assert "gate_inconclusive" not in result.stdout, result.stdout[-4000:]
+    hosts = _status(inventory, tmp_path)
+    assert {h: (hosts[h]["serving_profile"], hosts[h]["health"], hosts[h]["router"]) for h in WORKERS} == {
+        h: ("tp8", "serving", "ready") for h in WORKERS}
+    for host in WORKERS:
+        record = _health_record(inventory, host)
+        assert record.get("state", "healthy") == "healthy", record
+        assert not any(e.get("pci") == OLD_FAULT_PCI for e in record.get("events", [])), record  # before the deploy
+        assert on_host(inventory, host, "test -e /var/lib/moefleet/unfit && echo unfit || echo fit").strip() == "fit"
+    for host, fault in ((nvme, "0000:05:00.0"), (nic, "0000:80:03.1")):
+        recorded = [e for e in _health_record(inventory, host).get("events", []) if e.get("pci") == fault]
+        assert recorded and not any(e["unfit"] for e in recorded), recorded
+        assert all("neither a GPU nor a bridge above one" in e["meaning"] for e in recorded), recorded
+    assert paged == [], paged
 
 
 def test_a_runtime_oom_fires_its_alert_within_two_scrape_intervals(routed_lab):
