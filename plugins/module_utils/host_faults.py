@@ -211,7 +211,8 @@ def is_kernel_log(text: str) -> bool:
 # SGLang's scheduler prints one line per prefill batch (each chunk of a chunked prefill) and one per
 # --decode-log-interval decode batches (observability/scheduler_metrics_mixin.py): "Prefill batch, #new-seq: 1,
 # #new-token: 8192, ..." and "Decode batch, #running-req: 3, ...". While they come, the scheduler makes progress,
-# whatever /health says (it is 503 during a long prefill: nothing comes back before the first token).
+# whatever /health says (it is 503 while one batch outlasts SGLANG_HEALTH_CHECK_TIMEOUT: a slow prefill chunk, or a
+# long prompt with chunked prefill off; a busy scheduler answers a health check after its next batch).
 _PROGRESS = re.compile(r"\b(?:Prefill|Decode) batch[.,]? #(?:new-seq|running-req)")
 
 
