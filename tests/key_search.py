@@ -5,9 +5,9 @@ For the check that no worker holds the gateways' admin key (docs/healing.md, "No
     hits = key_hits(lambda argv, stdin: podman_exec(host, argv, stdin), ADMIN_KEY)
 
 `run(argv, stdin) -> stdout` runs a command on the host (as root: `podman exec -i HOST ...`, ssh) and returns its
-output. The key goes to the host's grep on its standard input (`grep -f /dev/stdin`), never in an argv or an
-environment, so the search does not find itself. Searched: every file under `root` but the top-level `proc`, `sys` and
-`dev` (binary files too; devices, FIFOs and sockets skipped), then every process's /proc/PID/environ and
+output. The key goes to the host on its standard input, never in an argv or an environment, so the search does not
+find itself. Searched: every file under `root` but the top-level `proc`, `sys` and `dev` (binary files too; devices,
+FIFOs and sockets skipped; files over MAX_MIB only under var/log), then every process's /proc/PID/environ and
 /proc/PID/cmdline. Returns the paths that hold the key, sorted; /proc entries as "/proc/PID/environ (COMM)".
 """
 
@@ -15,16 +15,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-# sh: the search's own pid is sh's, exec'd into grep, whose command line holds no key; `|| true`: none found is rc 1.
+# The key is read from stdin into a root-only file in /tmp (left out of the search, removed at the end), which grep
+# reads with -f: it is in no argv and no environment, so the search does not find itself. Files larger than
+# MAX_MIB are left out except under var/log (the journal, the services' logs: where a leaked key would be): those
+# are model weights (the lab's are sparse, hundreds of GB that grep would read as zeros), wheels and libraries.
+# `|| true`: none found is grep's rc 1.
+MAX_MIB = 16
 SCRIPT = r"""
 cd "$1" || exit 2
-set --
-for entry in .* *; do
-  case "$entry" in .|..|proc|sys|dev) continue ;; esac
-  [ -e "$entry" ] || [ -L "$entry" ] && set -- "$@" "$entry"
-done
-for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do set -- "$@" "$f"; done
-exec grep -rlsaF -D skip -f /dev/stdin -- "$@"
+umask 077
+k=$(mktemp /tmp/key_search.XXXXXX) || exit 2
+trap 'rm -f "$k"' EXIT
+cat > "$k"
+find . \( -path ./proc -o -path ./sys -o -path ./dev -o -path ".$k" \) -prune -o -type f \
+     \( -size -""" + str(MAX_MIB) + r"""M -o -path './var/log/*' \) -print0 \
+  | xargs -0r grep -lsaF -D skip -f "$k" -- || true
+grep -lsaF -f "$k" -- /proc/[0-9]*/environ /proc/[0-9]*/cmdline || true
 """
 
 

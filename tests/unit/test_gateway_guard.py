@@ -243,6 +243,12 @@ def test_the_key_search_finds_files_and_process_environments_and_nothing_else(tm
     (tmp_path / "proc").mkdir()  # the root's proc, sys and dev are not files
     (tmp_path / "proc" / "kcore").write_text(key)
     os.mkfifo(tmp_path / "var" / "fifo")  # skipped, not waited on
+    # a large file is searched only under var/log (a journal); elsewhere it is weights or a library (sparse here)
+    for big in (tmp_path / "var" / "log" / "journal" / "system.journal", tmp_path / "opt" / "model" / "shard"):
+        big.parent.mkdir(parents=True)
+        with big.open("wb") as fh:
+            fh.seek(20 * 1024 * 1024)
+            fh.write(key.encode())
     holder = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"], "GATEWAY_KEY": key})
     clean = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"], "GATEWAY_KEY": "no"})
     try:
@@ -253,7 +259,8 @@ def test_the_key_search_finds_files_and_process_environments_and_nothing_else(tm
         holder.wait()
         clean.wait()
     files = [h for h in hits if not h.startswith("/proc/")]
-    assert files == [f"{tmp_path}/etc/moefleet/fault-watch.json", f"{tmp_path}/var/blob"]
+    assert files == [f"{tmp_path}/etc/moefleet/fault-watch.json", f"{tmp_path}/var/blob",
+                     f"{tmp_path}/var/log/journal/system.journal"]
     assert f"/proc/{holder.pid}/environ (sleep)" in hits
     assert not any(h.startswith(f"/proc/{clean.pid}/") for h in hits)
     assert not any("(sh)" in h or "(grep)" in h for h in hits)  # the search does not find itself
