@@ -30,8 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rollout.add_arguments(
         parser,
         DEPLOY,
-        check_help="print the hosts and what would change on each, touching nothing: what each host serves from "
-        "its local facts (read-only fact gathering)",
+        check_help="run playbooks/validate.yml's checks as deploy.yml does first (the profile catalog and each "
+        "host's profile, the roles' argument specs, extra flags, references, the outage rule; they contact no host) "
+        "and exit 2 with the real run's sentence on a refusal; then print the hosts and what would change on each, "
+        "touching nothing: what each host serves from its local facts (read-only fact gathering)",
     )
     parser.set_defaults(func=run)
 

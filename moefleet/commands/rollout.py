@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import re
 import shlex
@@ -51,8 +52,9 @@ EXIT_HELP = (
     "Exit status: 0 when every host serves the asked profile (with --check: the plan was made, every host was "
     "reached and has a profile to serve); 1 when the run stopped, a host did not serve the asked profile, the "
     "restart was refused at confirmation or the run wrote no report; 2 on bad input (refused before any host "
-    "changed: -e values, the inventory, a host with no profile); 3 with --check when a host could not be reached "
-    "or its facts read; 130 on Ctrl-C."
+    "changed: -e values, the inventory, a host with no profile; with --check, anything playbooks/validate.yml "
+    "refuses, with the real run's sentence); 3 with --check when a host could not be reached or its facts read; "
+    "130 on Ctrl-C."
 )
 
 
@@ -73,10 +75,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(
         parser,
         ROLLOUT,
-        check_help="print the batches (canary first) and what would change on each host, touching nothing: the "
-        "batches come from moefleet_serial (playbooks/rollout.yml's, or -e), behind routers from "
-        "moefleet_max_unavailable (default 1), and the inventory's order, as Ansible cuts them; what each host "
-        "serves from its local facts (read-only fact gathering); exit 3 when a host cannot be reached",
+        check_help="run playbooks/validate.yml's checks as the real run does (the profile catalog and each host's "
+        "profile, the roles' argument specs, extra flags, references, the outage rule; they contact no host) and "
+        "exit 2 with the real run's sentence on a refusal; then print the batches (canary first) and what would "
+        "change on each host, touching nothing: the batches come from moefleet_serial (playbooks/rollout.yml's, "
+        "or -e), behind routers from moefleet_max_unavailable (default 1), and the inventory's order, as Ansible "
+        "cuts them; what each host serves from its local facts (read-only fact gathering); exit 3 when a host "
+        "cannot be reached",
     )
     parser.set_defaults(func=run)
 
@@ -182,7 +187,7 @@ class Progress:
         elif kind == "runner_on_ok" and host:
             self.finished(host, result)
         elif kind == "runner_on_failed" and host and not data.get("ignore_errors"):
-            message = one_line(result.get("msg", "")) or f"task {task!r} failed"
+            message = one_line(failed_item_message(result) or result.get("msg", "")) or f"task {task!r} failed"
             if self.checking_input:
                 self.input_error = self.input_error or message
             self.change(host, "failed", message)
@@ -207,6 +212,14 @@ class Progress:
         stamp = time.strftime("%H:%M:%S", self.clock())
         line = f"{stamp}  {host:<16} {state}" + (f": {detail}" if detail else "")
         print(line, file=self.out or sys.stdout, flush=True)
+
+
+def failed_item_message(result: dict[str, Any]) -> str:
+    """A failed loop's first failed item's message (validate.yml loops over the roles' specs and the renamed
+    variables): the task's own is only "One or more items failed"."""
+    items = result.get("results") if isinstance(result.get("results"), list) else []
+    return next((str(item.get("msg")) for item in items
+                 if isinstance(item, dict) and item.get("failed") and item.get("msg")), "")
 
 
 def report_base(path: Path | None, name: str = "rollout") -> Path:
@@ -242,7 +255,8 @@ def input_problems(extravars: dict[str, Any]) -> None:
 
 
 def execute(args: argparse.Namespace, kind: Kind) -> int:
-    """Run the kind's playbook as `moefleet rollout` does: the plan (--check), the confirmation, progress, report."""
+    """Run the kind's playbook as `moefleet rollout` does: validate.yml's checks and the plan (--check, or the
+    confirmation), the confirmation, progress, report."""
     name = f"moefleet {kind.command}"
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
@@ -251,6 +265,11 @@ def execute(args: argparse.Namespace, kind: Kind) -> int:
         secrets = vault(args)
         confirmed = args.yes or playbook_inputs.confirmed(extravars.get("confirm", "no"))
         if args.check or not confirmed:
+            # the plan, and the question built from it, only for inputs the real run's validate.yml accepts
+            checked = validate_inputs(args.inventory, extravars, args.limit, kind, secrets)
+            if checked.interrupted:
+                print(f"{name}: stopped while checking the inputs; nothing changed.", file=sys.stderr)
+                return EXIT_INTERRUPTED
             plan = plan_rollout(args.inventory, extravars, args.limit, kind, secrets)
         if args.check:
             print(json.dumps(plan, indent=2) if args.json else render_plan(plan))
@@ -308,6 +327,44 @@ def execute(args: argparse.Namespace, kind: Kind) -> int:
 
 
 # --- the plan: batches and what changes (--check, and the confirmation) ------------------------------------
+
+VALIDATE_PLAYBOOK = "validate.yml"
+# ansible-playbook colours its output under ansible-runner; a sentence is read without the colour codes
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def validate_inputs(
+    inventory: str | None, extravars: dict[str, Any], limit: str | None, kind: Kind = ROLLOUT,
+    secrets: runner.Vault | None = None,
+) -> runner.RunResult:
+    """Every controller-side check of the real run, before the plan: playbooks/validate.yml as the kind's playbook
+    imports it first (with moefleet_serving_playbook naming that playbook, under -e as there), through the same
+    runner with the same inventory, -e values, --limit (with the controller) and vault. Its plays contact no host
+    (assert, validate_argument_spec and the resolve_profiles module run on the controller). Its first refusal is
+    BadInput with the real run's sentence, read as the real run's progress reads it (Progress.input_error)."""
+    progress = Progress(out=io.StringIO())  # quiet: the plan follows in a second or two, or the refusal
+    errors: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        progress(event)
+        # ansible-playbook's own error before any task (a vault password file it cannot read, ...)
+        text = _ANSI.sub("", str(event.get("stdout") or ""))
+        if event.get("event") == "verbose" and text.lstrip().startswith("[ERROR]: "):
+            errors.append(one_line(text.lstrip()[len("[ERROR]: "):]))
+
+    outcome = runner.run_playbook(
+        VALIDATE_PLAYBOOK, inventory, {"moefleet_serving_playbook": kind.playbook, **extravars}, on_event=on_event,
+        notice=lambda m: print(m, file=sys.stderr), limit=f"{limit},localhost" if limit else None, vault=secrets,
+    )
+    if outcome.interrupted:
+        return outcome
+    if progress.input_error:
+        raise runner.BadInput(progress.input_error)
+    if outcome.status != "successful":
+        why = errors[-1] if errors else f"it ended {outcome.status}, rc {outcome.rc}, with no task's message"
+        raise runner.BadInput(f"Cannot check the inputs with playbooks/{VALIDATE_PLAYBOOK}: {why}")
+    return outcome
+
 
 # playbooks/rollout.yml's assert message starts so (its confirmation when hosts serve another profile).
 CONFIRMATION_REFUSAL = "These hosts serve another profile"

@@ -13,12 +13,15 @@ from moefleet import cli, collection, runner
 from moefleet.commands import rollout, status
 
 REAL_RUN_ADHOC = runner.run_adhoc  # the autouse fixture below stands in for it in every other test
+REAL_RUN_PLAYBOOK = runner.run_playbook  # likewise
 
 
 @pytest.fixture(autouse=True)
 def no_hosts_to_confirm(monkeypatch):
-    """rollout looks at the hosts before asking to restart them (runner.run_adhoc): none here unless a test says."""
+    """rollout looks at the hosts before asking to restart them (runner.run_adhoc): none here unless a test says;
+    and before that runs playbooks/validate.yml (runner.run_playbook), which passes here unless a test says."""
     monkeypatch.setattr(runner, "run_adhoc", FakeAdhoc({}))
+    monkeypatch.setattr(runner, "run_playbook", FakeRun())
 
 
 @pytest.fixture
@@ -38,17 +41,28 @@ def host_row(host: str, outcome: str, serving: str | None = "ep8") -> dict:
 
 
 class FakeRun:
-    """Stands in for runner.run_playbook: feeds events, writes the report the callback would write."""
+    """Stands in for runner.run_playbook: feeds events, writes the report the callback would write. The checks
+    --check and the confirmation run first (playbooks/validate.yml) are kept apart, in ``validations``: they pass
+    unless ``validate_events`` say otherwise."""
 
-    def __init__(self, events=(), report: dict | None = None, result: runner.RunResult | None = None):
+    def __init__(self, events=(), report: dict | None = None, result: runner.RunResult | None = None,
+                 validate_events=(), validate_result: runner.RunResult | None = None):
         self.events = list(events)
         self.report = report
         self.result = result or runner.RunResult(status="successful", rc=0)
+        self.validate_events = list(validate_events)
+        self.validate_result = validate_result or runner.RunResult(status="successful", rc=0)
         self.calls: list[tuple] = []
+        self.validations: list[tuple] = []
 
     def __call__(self, name, inventory, extravars=None, on_event=None, notice=print, limit=None, vault=None,
                  skip_tags=None):
         runner.inventory_path(inventory)
+        if name == "validate.yml":
+            self.validations.append((inventory, dict(extravars or {}), limit, vault))
+            for item in self.validate_events:
+                on_event(item)
+            return self.validate_result
         self.calls.append((name, inventory, dict(extravars or {})))
         self.limits = [*getattr(self, "limits", []), limit]
         for item in self.events:
@@ -341,7 +355,7 @@ def test_run_playbook_passes_what_ansible_runner_needs(monkeypatch, inventory):
     monkeypatch.chdir(collection.ROOT)  # the clone's own ansible.cfg is the one found (tests/unit/test_cli_config.py)
     monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
     got: list = []
-    result = runner.run_playbook("status.yml", inventory, {"a": 1}, on_event=got.append)
+    result = REAL_RUN_PLAYBOOK("status.yml", inventory, {"a": 1}, on_event=got.append)
     assert result == runner.RunResult(status="successful", rc=0, stats={"ok": {}})
     assert got == [{"event": "playbook_on_start"}]
     assert seen["project_dir"] == str(collection.ROOT)
@@ -405,6 +419,9 @@ def test_check_prints_batches_canary_first_and_what_changes_touching_nothing(fle
     assert lines[3] == "batch 2:" and "lab-2  restart: serves tp8, asked ep8" in lines[4]
     assert lines[5] == "batch 3:" and "lab-4  install and start ep8" in out
     assert "These hosts serve another profile and would restart: lab-2 (tp8 -> ep8)." in out
+    # validate.yml ran first, as rollout.yml imports it
+    assert run.validations == [(str(inventory), {"moefleet_serving_playbook": "rollout.yml", "profile": "ep8"}, None,
+                                runner.Vault())]
 
 
 def test_check_json_and_limit(fleet, inventory, capsys):
@@ -412,6 +429,7 @@ def test_check_json_and_limit(fleet, inventory, capsys):
     code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--check", "--json", "-l", "lab-2,lab-3"])
     plan = json.loads(capsys.readouterr().out)
     assert code == 0 and run.calls == []
+    assert [limit for _, _, limit, _ in run.validations] == ["lab-2,lab-3,localhost"]  # as the real run's --limit
     assert {call[2] for call in adhoc.calls} == {"lab-2,lab-3"}
     assert [(row["host"], row["batch"], row["canary"]) for row in plan["hosts"]] == [
         ("lab-2", 1, True), ("lab-3", 2, False)]
@@ -533,6 +551,7 @@ def test_yes_or_confirm_skips_the_question_and_the_look(fleet, inventory, tmp_pa
     assert cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8 confirm=yes",
                      "--report", str(tmp_path / "b")]) == 0
     assert adhoc.calls == [] and [call[2]["confirm"] for call in run.calls] == ["yes", "yes"]
+    assert run.validations == []  # the playbook validates first itself: no plan, no question, no second check
 
 
 def test_limit_reaches_the_playbook_with_the_controller(fleet, inventory, tmp_path):
@@ -675,3 +694,66 @@ def test_rollout_draining_every_worker_at_once_is_refused_unless_a_maintenance_w
             "(lab-router) at once, leaving 0 of the 2 workers behind them serving") in err
     assert cli.main([*args, "-e", "moefleet_maintenance_window=true"]) == 0
     assert cli.main([*args[:-1], "moefleet_max_unavailable=1"]) == 0
+
+
+# -- --check and the confirmation run playbooks/validate.yml's checks first (issue 33) -------------------------
+
+VALIDATE_REFUSAL = [
+    event("playbook_on_play_start", play_pattern="localhost"),
+    event("runner_on_failed", "localhost", "Validate the catalog, resolve each host's profile and check the rules",
+          res={"msg": "-e profile: Unknown profile 'ep9'; valid profiles: tp8, ep8.\n"}),
+]
+
+
+@pytest.mark.parametrize("command", ["rollout", "deploy"])
+def test_check_refused_by_validate_exits_2_with_its_sentence_before_any_host_is_read(fleet, inventory, capsys,
+                                                                                    command):
+    adhoc, run = fleet
+    run.validate_events, run.validate_result = VALIDATE_REFUSAL, runner.RunResult("failed", 2)
+    assert cli.main([command, "-i", str(inventory), "-e", "profile=ep9", "--check"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"moefleet {command}: -e profile: Unknown profile 'ep9'; valid profiles: tp8, ep8.\n"
+    assert captured.out == ""  # no plan, and no progress lines of the check
+    assert adhoc.calls == [] and run.calls == []
+    assert run.validations[0][1]["moefleet_serving_playbook"] == f"{command}.yml"  # what the playbook imports it with
+
+
+def test_the_question_is_never_asked_for_inputs_validate_refuses(fleet, inventory, tmp_path, monkeypatch, capsys):
+    adhoc, run = fleet
+    run.validate_events, run.validate_result = VALIDATE_REFUSAL, runner.RunResult("failed", 2)
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+    monkeypatch.setattr("sys.stderr", Terminal())
+    code = cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep9", "--report", str(tmp_path / "r")])
+    said = __import__("sys").stderr.getvalue()
+    assert code == 2 and "Restart them?" not in said and "Unknown profile 'ep9'" in said
+    assert adhoc.calls == [] and run.calls == [] and not (tmp_path / "r.json").exists()
+
+
+def test_a_failed_loop_item_gives_its_own_sentence_not_one_or_more_items_failed(fleet, inventory, capsys):
+    """validate.yml loops over the roles' specs and the renamed variables: the item says what is wrong."""
+    _, run = fleet
+    item = {"failed": True, "msg": "lab-1: sglang_service_user (set for lab-1) was renamed: set sglang_user."}
+    run.validate_events = [event("runner_on_failed", "lab-1", "Refuse a variable that was renamed", res={
+        "msg": "One or more items failed", "results": [{"failed": False, "msg": "All assertions passed"}, item]})]
+    run.validate_result = runner.RunResult("failed", 2)
+    assert cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--check"]) == 2
+    assert capsys.readouterr().err == f"moefleet rollout: {item['msg']}\n"
+
+
+def test_an_error_before_any_task_of_validate_is_bad_input_with_ansibles_words(fleet, inventory, capsys):
+    adhoc, run = fleet
+    run.validate_events = [{"event": "verbose", "stdout": "\x1b[0;31m[ERROR]: The vault password file /x was not "
+                            "found\x1b[0m"}]
+    run.validate_result = runner.RunResult("failed", 1)
+    assert cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--check"]) == 2
+    assert capsys.readouterr().err == ("moefleet rollout: Cannot check the inputs with playbooks/validate.yml: The "
+                                       "vault password file /x was not found\n")
+    assert adhoc.calls == []
+
+
+def test_ctrl_c_while_checking_exits_130_with_nothing_changed(fleet, inventory, capsys):
+    adhoc, run = fleet
+    run.validate_result = runner.RunResult("failed", 254, interrupted=True)
+    assert cli.main(["rollout", "-i", str(inventory), "-e", "profile=ep8", "--check"]) == 130
+    assert "stopped while checking the inputs; nothing changed" in capsys.readouterr().err
+    assert adhoc.calls == [] and run.calls == []
