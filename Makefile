@@ -107,6 +107,8 @@ demo: sim-up
 	$(BIN)/ansible-playbook deploy.yml -e profile=$(PROFILE)$(if $(filter 1,$(ROUTER) $(MONITORING)), -e moefleet_maintenance_window=true)
 	$(if $(filter 1,$(MONITORING)),$(BIN)/ansible-playbook playbooks/monitoring.yml)
 
+# (a) to (e), then the comparison with tests/bench/baseline.json: it names each figure that got worse and fails
+# nothing (the figures move with the machine's load; tests/bench/README.md).
 bench: setup sim-image sim-mirrors
 	MOEFLEET_BENCH_ROLLOUT=1 $(BIN)/python tests/bench/run.py
 
