@@ -75,6 +75,12 @@ ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/rout
 # The workers require a key and the gateway has it (lab.py up --router, as the example inventory from vault):
 # clients send it to the gateway, which forwards it.
 WORKER_KEY = "lab-worker-api-key-not-a-secret"  # inventory/sim/group_vars/all.yml (lab_worker_api_key)
+# The fleet before it had a gateway (the fixture's deploy): each worker on the role's default address, no key.
+UNROUTED = {"sglang_service_host": "127.0.0.1", "sglang_service_api_key": "", "sglang_router_worker_api_key": ""}
+# The key the workers and the gateway rotate to (test_healthy_but_unusual_hosts_are_left_alone's rollout); the tests
+# after it send this one (KEYS).
+NEW_KEY = "lab-worker-api-key-rotated-not-a-secret"
+KEYS = {"worker": WORKER_KEY}
 OLD_FAULT_GPU = 5  # its Xid 79 lines are in every worker's boot log from before the first deploy (the fixture)
 OLD_FAULT_PCI = "0000:a1:00"  # GPU 5's PCI bus in the simulated nvidia-smi, as the Xid line names it
 CHUNK = 20  # requests per bounded load chunk; chunks follow each other until the rollout ends
@@ -176,9 +182,19 @@ def _status(inventory: Path, tmp: Path) -> dict[str, dict]:
     return {h["host"]: h for h in document["hosts"]}
 
 
-def _rollout_under_load(inventory: Path, router_url: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _serves_the_model(router_url: str) -> bool:
+    """The gateway runs and lists a worker ready and healthy with the model (one it can route requests to)."""
+    return any(w.get("status") == "ready" and w.get("is_healthy") and w.get("model_id") == "kimi-k2.6"
+               for w in _router_workers_when_up(router_url))
+
+
+def _rollout_under_load(inventory: Path, router_url: str, *extra: str, key: str | None = None,
+                        from_first_worker: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
     """The rollout playbook on the installed workers as `moefleet rollout --serve-only` runs it (--skip-tags install),
-    with bounded load chunks through the router from its start to its end."""
+    with bounded load chunks through the router from its start to its end (from_first_worker: from the moment the
+    gateway, which the rollout installs, first lists a worker that serves the model), sent with ``key`` (default
+    KEYS["worker"])."""
+    key = KEYS["worker"] if key is None else key
     cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "rollout.yml"),
            *SERVE_ONLY, "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e))]
     totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
@@ -188,7 +204,10 @@ def _rollout_under_load(inventory: Path, router_url: str, *extra: str) -> tuple[
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), text=True, stdout=log, stderr=subprocess.STDOUT)
         chunks, latencies = [], []
         while proc.poll() is None or not chunks:
-            load = Load(router_url, CHUNK, RATE, MAX_TOKENS, api_key=WORKER_KEY).start()
+            if from_first_worker and not chunks and proc.poll() is None and not _serves_the_model(router_url):
+                time.sleep(1)
+                continue
+            load = Load(router_url, CHUNK, RATE, MAX_TOKENS, api_key=key).start()
             chunk = load.result()
             chunks.append(chunk)
             latencies += [lat for good, lat, _ in load.results if good]
@@ -225,32 +244,35 @@ def routed_lab(tmp_path_factory):
         # (its lines only). The watcher a deploy installs starts reading after them: nothing acts on it.
         for worker in WORKERS:
             _run(sys.executable, LAB_PY, "fault", worker, "xid79-lines", "--gpu", str(OLD_FAULT_GPU))
-        # All workers at once (deploy.yml), then the gateway in front of them. (Installed meanwhile, the
-        # gateway starts before the workers serve and registers them up to 18 s late: no faster in all.)
-        # the workers are installed (the installed base): only what serves changes, as --serve-only
-        # (no gateway serves yet: deploy.yml behind routers needs the maintenance window, which it announces)
+        # A fleet without a gateway first: all workers at once (deploy.yml), each serving on its loopback address
+        # (the role's default) without a key. test_a_fleet_given_a_gateway_... then gives it the inventory's gateway,
+        # addresses and key in one rollout. The workers are installed (the installed base): only what serves
+        # changes, as --serve-only. (No gateway serves yet: deploy.yml behind routers needs the maintenance window,
+        # which it announces.)
         deployed = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA, "moefleet_maintenance_window=true",
-                                options=SERVE_ONLY)
+                                json.dumps(UNROUTED), options=SERVE_ONLY)
         assert deployed.returncode == 0, deployed.stdout[-4000:]
-        clock.lap("deploy tp8 to 3 workers at once")
-        _run(VENV_BIN / "ansible", "-i", inventory, "routers", "-m", "ansible.builtin.include_role",
-             "-a", "name=moefleet.serving.sglang_router")
-        clock.lap("gateway install")
+        clock.lap("deploy tp8 to 3 workers at once, no gateway")
         router_ip = [line.split()[-1] for line in inventory.read_text().splitlines() if "ansible_host" in line][-1]
-        router_url = f"http://{router_ip}:30000"
-        deadline = time.monotonic() + 60
-        while sum(w["status"] == "ready" and w["is_healthy"] for w in _router_workers(router_url)) < 3:
-            assert time.monotonic() < deadline, _router_workers(router_url)
-            time.sleep(1)
-        clock.lap("gateway routes to 3 workers")
-        yield inventory, router_url
+        yield inventory, f"http://{router_ip}:30000"
     finally:
         _run(sys.executable, LAB_PY, "down", "--name", LAB, "--inventory", inventory)
 
 
-def test_rollout_through_the_router_fails_no_request(routed_lab, tmp_path):
+def test_a_fleet_given_a_gateway_rolls_out_through_it_and_fails_no_request(routed_lab, tmp_path):
+    """The fleet serves without a gateway, each worker on its loopback address and without a key (the fixture). The
+    operator adds the routers group, each worker's address and the key (the lab's inventory) and rolls ep8 out: the
+    rollout installs the gateway, and each worker's drain asks its server where and as it runs now (loopback, no
+    key) before it restarts on its address with the key and joins. Load through the new gateway from the moment it
+    first routes to a worker: none fails, and every worker joins."""
     inventory, router_url = routed_lab
-    result, load = _rollout_under_load(inventory, router_url, "profile=ep8")
+    for host, url in _worker_urls(inventory).items():  # serving, but not at the address the gateway will use
+        assert on_host(inventory, host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health") == "200"
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"{url}/health", timeout=5)
+    with pytest.raises(urllib.error.URLError):
+        _router_workers(router_url)  # no gateway yet
+    result, load = _rollout_under_load(inventory, router_url, "profile=ep8", from_first_worker=True)
     assert result.returncode == 0, result.stdout[-4000:]
     assert load["failed"] == 0 and load["sent"] >= CHUNK, load
     hosts = _status(inventory, tmp_path)
@@ -261,10 +283,10 @@ def test_rollout_through_the_router_fails_no_request(routed_lab, tmp_path):
     # answered after the rollout, by every worker; without the key the gateway refuses them.
     listed = _router_workers(router_url)
     assert sorted((w["status"], w["model_id"]) for w in listed) == [("ready", "kimi-k2.6")] * 3, listed
-    after = Load(router_url, 12, 12.0, 8, api_key=WORKER_KEY).start().result()
+    after = Load(router_url, 12, 12.0, 8, api_key=KEYS["worker"]).start().result()
     assert after["failed"] == 0 and after["sent"] == 12, after
     for url in _worker_urls(inventory).values():  # the rollout's own check (modules/gateway_route.py), per worker
-        found, attempts, routed, error = gateway_route.wait_routed(router_url, url, "kimi-k2.6", WORKER_KEY, 30)
+        found, attempts, routed, error = gateway_route.wait_routed(router_url, url, "kimi-k2.6", KEYS["worker"], 30)
         assert found, (url, attempts, routed, error)
     assert _routed_to(router_url, "") == "HTTP 401"
 
@@ -295,7 +317,7 @@ HANG_OUT_WITHIN_S = 20 + 20 + 2 * 5 + 5
 
 def _loads(url: str) -> int:
     """Requests the worker runs or queues now (SGLang's /v1/loads); -1 when it does not answer."""
-    req = urllib.request.Request(f"{url}/v1/loads?include=core", headers={"Authorization": f"Bearer {WORKER_KEY}"})
+    req = urllib.request.Request(f"{url}/v1/loads?include=core", headers={"Authorization": f"Bearer {KEYS['worker']}"})
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return int(json.load(resp)["aggregate"]["total_reqs"])
@@ -330,8 +352,8 @@ def _fault_under_load(inventory: Path, router_url: str, fault: str, candidates: 
     is injected on the candidate running the most requests; returns when the load ended, with what it measured."""
     urls = _worker_urls(inventory)
     ids = {w["id"]: w["url"] for w in _router_workers(router_url)}
-    load = Load(router_url, int(4 * seconds), 4, MAX_TOKENS, api_key=WORKER_KEY).start()
-    direct = Load([urls[h] for h in WORKERS], int(1.5 * seconds), 1.5, MAX_TOKENS, api_key=WORKER_KEY).start()
+    load = Load(router_url, int(4 * seconds), 4, MAX_TOKENS, api_key=KEYS["worker"]).start()
+    direct = Load([urls[h] for h in WORKERS], int(1.5 * seconds), 1.5, MAX_TOKENS, api_key=KEYS["worker"]).start()
     deadline = time.monotonic() + 20
     while True:  # a worker with requests in flight, so that the fault cuts some
         running = {h: _loads(urls[h]) for h in candidates}
@@ -508,7 +530,7 @@ def _stop_under_load(inventory: Path, host: str, url: str) -> tuple[dict, float]
     """A plain systemctl stop of the serving host while streamed requests run on it (sent to it directly):
     the load's summary and the seconds the stop took."""
     # all 6 start within a second; each streams for about 3.5 s
-    load = Load(url, 6, 6.0, 1200, api_key=WORKER_KEY).start()
+    load = Load(url, 6, 6.0, 1200, api_key=KEYS["worker"]).start()
     time.sleep(1.2)
     began = time.monotonic()
     _ssh(inventory, host, "systemctl stop sglang.service")
@@ -583,7 +605,7 @@ class RouterWatch(threading.Thread):
             self.samples.append((now, listed))
             req = urllib.request.Request(f"{self.router_url}/v1/chat/completions", data=body,
                                          headers={"content-type": "application/json",
-                                                  "Authorization": f"Bearer {WORKER_KEY}"})
+                                                  "Authorization": f"Bearer {KEYS['worker']}"})
             try:
                 with urllib.request.urlopen(req, timeout=10) as resp:
                     resp.read()
@@ -708,7 +730,8 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(rout
     # Streamed requests through the gateway and straight to the worker $host stands for, so the request families of
     # the last minute have samples there (SGLang observes the time between tokens of streamed requests only, and the
     # gateway's cache-aware policy may send all of the gateway's to the other worker).
-    traffic = Load([router_url, _worker_urls(inventory)[WORKERS[2]]], 6, 3.0, 16, api_key=WORKER_KEY).start().result()
+    traffic = Load([router_url, _worker_urls(inventory)[WORKERS[2]]], 6, 3.0, 16,
+                   api_key=KEYS["worker"]).start().result()
     assert traffic["ok"] == 6, traffic
     time.sleep(2 * SCRAPE_S)
     empty = []
@@ -745,9 +768,35 @@ def _long_prompt(url: str, tokens: int) -> dict:
     """One prompt of `tokens` tokens (SGLang's /generate with input_ids), 8 tokens back; its answer."""
     body = json.dumps({"input_ids": [0] * tokens, "sampling_params": {"max_new_tokens": 8}}).encode()
     req = urllib.request.Request(f"{url}/generate", data=body, headers={
-        "content-type": "application/json", "Authorization": f"Bearer {WORKER_KEY}"})
+        "content-type": "application/json", "Authorization": f"Bearer {KEYS['worker']}"})
     with urllib.request.urlopen(req, timeout=600) as resp:
         return json.load(resp)
+
+
+def _rotate_key(inventory: Path, key: str) -> None:
+    """Give every worker (sglang_service_api_key) and the gateway (sglang_router_worker_api_key) a new key, as host
+    variables of the lab's inventory (they take precedence over inventory/sim/group_vars)."""
+    lines = []
+    for line in inventory.read_text().splitlines():
+        lines.append(line)
+        if line.strip().startswith("sglang_service_host:"):
+            lines.append(f"          sglang_service_api_key: {key}")
+        elif line.strip() == f"ansible_host: {line.split()[-1]}" and lines[-2].strip() == f"{LAB}-router:":
+            lines.append(f"          sglang_router_worker_api_key: {key}")
+    inventory.write_text("\n".join(lines) + "\n")
+    assert inventory.read_text().count(key) == len(WORKERS) + 1, inventory.read_text()
+
+
+def _answer_code(url: str, key: str) -> int:
+    """The HTTP status of one short chat completion sent straight to a worker with ``key``."""
+    body = json.dumps({"model": "kimi-k2.6", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers={
+        "content-type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
@@ -774,7 +823,7 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
     watcher.start()
     try:
         info = json.load(urllib.request.urlopen(urllib.request.Request(
-            f"{urls[idle]}/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"}), timeout=30))
+            f"{urls[idle]}/get_server_info", headers={"Authorization": f"Bearer {KEYS['worker']}"}), timeout=30))
         tokens = min(28000, int(info["max_total_num_tokens"]) - 1000)
         health_codes: list[int] = []
 
@@ -803,13 +852,23 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
         assert answer["meta_info"]["prompt_tokens"] == tokens, answer["meta_info"]
         assert prefill_s > 2 * 20, prefill_s  # more than twice the lab's hang window
         assert health_codes.count(503) >= 10, health_codes  # SGLang's /health failed through much of it
-        result, load = _rollout_under_load(inventory, router_url, "profile=tp8")
+        # The same rollout rotates the workers' key: the operator sets the new one for the workers and the
+        # gateway (host variables here, over the lab's group variables) and rolls out. Clients keep sending the
+        # old key until the gateway switches, after the last worker.
+        _rotate_key(inventory, NEW_KEY)
+        result, load = _rollout_under_load(inventory, router_url, "profile=tp8", key=WORKER_KEY)
     finally:
         stop.set()
         watcher.join(30)
     assert result.returncode == 0, result.stdout[-4000:]
     assert load["failed"] == 0 and load["sent"] >= CHUNK, load
     assert "gate_inconclusive" not in result.stdout, result.stdout[-4000:]
+    KEYS["worker"] = NEW_KEY
+    for url in urls.values():  # every worker serves with the new key, and refuses the old one
+        assert _answer_code(url, NEW_KEY) == 200 and _answer_code(url, WORKER_KEY) == 401, url
+    assert _routed_to(router_url, WORKER_KEY) == "HTTP 401"  # the gateway switched after the last worker
+    after = Load(router_url, 12, 12.0, 8, api_key=NEW_KEY).start().result()
+    assert after["failed"] == 0 and after["sent"] == 12, after
     hosts = _status(inventory, tmp_path)
     assert {h: (hosts[h]["serving_profile"], hosts[h]["health"], hosts[h]["router"]) for h in WORKERS} == {
         h: ("tp8", "serving", "ready") for h in WORKERS}
@@ -841,7 +900,7 @@ def test_a_runtime_oom_fires_its_alert_within_two_scrape_intervals(routed_lab):
     _wait_serving(url)
     body = json.dumps({"model": "kimi-k2.6", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
     req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers={
-        "content-type": "application/json", "Authorization": f"Bearer {WORKER_KEY}"})
+        "content-type": "application/json", "Authorization": f"Bearer {KEYS['worker']}"})
     with pytest.raises(OSError):  # the server dies under the request
         urllib.request.urlopen(req, timeout=60).read()
     fired = _wait_firing(router_url, "MoefleetRuntimeOOM", host, 120)
@@ -888,6 +947,6 @@ def test_uninstall_takes_the_host_out_of_the_router_first(routed_lab):
     # the one left (the canary of the failed rollout stays out; the last host's health checks may still recover
     # from the stop test) answers
     deadline = time.monotonic() + 60
-    while (routed := _routed_to(router_url, WORKER_KEY)) != _worker_urls(inventory)[WORKERS[2]]:
+    while (routed := _routed_to(router_url, KEYS["worker"])) != _worker_urls(inventory)[WORKERS[2]]:
         assert time.monotonic() < deadline, routed
         time.sleep(2)
