@@ -327,7 +327,6 @@ def run_sweep(args: argparse.Namespace) -> int:
     progress = SweepProgress()
     try:
         extravars = parse_extra_vars(args.extra_vars)
-        input_problems(extravars)  # -e apply=..., as playbooks/validate.yml checks it
         if args.profiles is not None:
             names = [name.strip() for name in args.profiles.split(",") if name.strip()]
             if not names:
@@ -342,6 +341,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             base = Path.cwd() / "reports" / datetime.now(UTC).strftime("bench-%Y%m%dT%H%M%SZ")
         extravars["bench_report_dir"] = str(base.parent)
         extravars["bench_report_stem"] = base.name
+        # The sweep's inputs (-e, --profiles, ...) as playbooks/validate.yml checks them, before anything runs; the
+        # profile names against the catalog (extra profiles included) there, before any host is read.
+        input_problems(extravars)
         secrets = vault(args)
         outcome = runner.run_playbook("bench.yml", args.inventory, extravars, on_event=progress,
                                       notice=lambda m: print(m, file=sys.stderr), vault=secrets)

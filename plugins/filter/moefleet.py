@@ -185,11 +185,13 @@ def _extra_vars():
         return None
 
 
-def playbook_input_problems(hostvars, hosts, controller="localhost"):
+def playbook_input_problems(hostvars, hosts, controller="localhost", catalog=None):
     """The problems of the playbooks' own inputs (module_utils/playbook_inputs.py: batch sizes, confirm, apply,
-    ...), as sentences; [] when there are none: ``{{ hostvars | moefleet.serving.playbook_input_problems(
-    groups['blackwell']) }}``. The values are checked as the controller sees them (-e); each host's own
-    values too; a run-level input set in the inventory is refused, naming the hosts."""
+    the benchmark sweep's, ...), as sentences; [] when there are none: ``{{ hostvars |
+    moefleet.serving.playbook_input_problems(groups['blackwell'], catalog=moefleet_validated.catalog) }}``. The
+    values are checked as the controller sees them (-e); each host's own values too; a run-level input set in the
+    inventory is refused, naming the hosts. ``catalog``: the validated one, for the profile names (profiles) and
+    NCCL sets (bench_service_extra_env) an input names."""
     names = list(playbook_inputs.INPUTS)
     views = {}
     for host in [controller, *hosts]:
@@ -198,7 +200,7 @@ def playbook_input_problems(hostvars, hosts, controller="localhost"):
     extra = _extra_vars()
     outside = playbook_inputs.outside_extra_vars(extra, views, play_view=controller)
     values = views.pop(controller)
-    return playbook_inputs.problems(values, views, outside, everyone=controller)
+    return playbook_inputs.problems(values, views, outside, everyone=controller, catalog=catalog)
 
 
 @functools.cache

@@ -20,12 +20,14 @@ only, and a value found in the inventory is refused, naming where.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.moefleet.serving.plugins.module_utils.bench_report import OBJECTIVES
 
 # The boolean words the roles' and playbooks' `| bool` reads without a deprecation (ansible-core 2.19's filter:
 # true/false, yes/no, on/off, 1/0, any case). Every boolean input is held to these: Ansible's argument specs
@@ -60,17 +62,37 @@ def bool_problem(name: str, value: Any, host: str | None = None) -> str | None:
 MAX_BATCH_HOSTS = 100_000
 
 
+# Why a run-level input found in the inventory would be ignored, at least in part.
+BATCH_SIZING = ("Ansible sizes a play's batches (serial, max_fail_percentage, any_errors_fatal) before it reads any "
+                "host's variables, and playbooks/rollout.yml's own vars override the inventory's")
+BENCH_DEFAULTS = "playbooks/bench.yml's sweep play holds its defaults as play vars, which override the inventory's"
+
+
 @dataclass(frozen=True)
 class Input:
-    """One operator input of the playbooks: its kind, whether it is run-level (-e only), and what it does."""
+    """One operator input of the playbooks: its kind, whether it is run-level (-e only), and what it does. The kinds
+    batch, batches, percent, bool and yes_no are the batch sizes' and switches'; the others, the benchmark sweep's:
+    count (a whole number from ``low`` to ``high``), counts (a non-empty list of them), number (any number from
+    ``low`` to ``high``), bound (a number above 0 up to ``high``, or null for no bound), choice (one of
+    ``choices``), address, pattern (``pattern``, described by ``rule``), env (an environment for the service),
+    profiles (profile names, checked against the catalog when there is one). ``example``: a good value for the
+    sentence's fix; ``ignored``: why an inventory value of a run-level input would not count."""
 
-    kind: str  # batch, batches, percent, bool, yes_no
+    kind: str
     run_level: bool
     what: str
+    low: float = 0
+    high: float = 0
+    choices: tuple[str, ...] = ()
+    pattern: str = ""
+    rule: str = ""
+    example: Any = None
+    ignored: str = BATCH_SIZING
 
 
 # Every variable an operator sets for a run of the playbooks, besides profile (the resolve_profiles module checks
-# it against the catalog) and the per-host ones the roles document. README.md (Variable reference) lists them.
+# it against the catalog) and the per-host ones the roles document. README.md (Variable reference) lists them;
+# playbooks/bench.yml's header says what each of the sweep's does.
 INPUTS: dict[str, Input] = {
     "moefleet_serial": Input(
         "batches", True, "the rollout's batches without routers (playbooks/rollout.yml: [1, \"25%\", \"100%\"])"),
@@ -84,7 +106,54 @@ INPUTS: dict[str, Input] = {
     "moefleet_maintenance_window": Input(
         "bool", True, "behind routers, restart workers without draining or all at once: an announced outage"),
     "confirm": Input("yes_no", False, "restart hosts that serve another profile (rollout, uninstall)"),
+    # The benchmark sweep's (playbooks/bench.yml). profiles, apply and apply_objective are read with a default and
+    # may come from the inventory too; the others are the sweep play's vars, so a value in the inventory is ignored.
     "apply": Input("bool", False, "serve and keep the benchmark's winner (bench)"),
+    "apply_objective": Input("choice", False, "the benchmark objective whose winner -e apply=yes serves",
+                             choices=OBJECTIVES, example="throughput"),
+    "profiles": Input("profiles", False, "the profiles the sweep measures, in this order (bench)",
+                      example=["tp8", "ep8"]),
+    "bench_ladder": Input("counts", True, "the concurrency of each level, --max-concurrency", 1, 100_000,
+                          example=[1, 64], ignored=BENCH_DEFAULTS),
+    "bench_input_len": Input("count", True, "prompt tokens, --random-input-len", 1, 10 << 20, example=1024,
+                             ignored=BENCH_DEFAULTS),
+    "bench_output_len": Input("count", True, "output tokens, --random-output-len", 1, 10 << 20, example=512,
+                              ignored=BENCH_DEFAULTS),
+    "bench_prompts_min": Input("count", True, "the fewest --num-prompts of a level", 1, 1_000_000, example=8,
+                               ignored=BENCH_DEFAULTS),
+    "bench_prompts_per_concurrency": Input("number", True, "--num-prompts per unit of a level's concurrency",
+                                           0, 10_000, example=2, ignored=BENCH_DEFAULTS),
+    "bench_prompts_max": Input("count", True, "the most --num-prompts of a level", 1, 1_000_000, example=512,
+                               ignored=BENCH_DEFAULTS),
+    "bench_dataset_name": Input("choice", True, "the prompts' dataset, one that --random-input-len sizes",
+                                choices=("random", "random-ids"), example="random-ids", ignored=BENCH_DEFAULTS),
+    "bench_tokenize_prompt": Input("bool", True, "--tokenize-prompt: prompts sent as token ids",
+                                   ignored=BENCH_DEFAULTS),
+    "bench_dataset_path": Input("pattern", True, "--dataset-path, a ShareGPT JSON file on the host",
+                                pattern=r"(/[^\n]*)?", rule="an absolute path on the host, or empty",
+                                example="/srv/sharegpt.json", ignored=BENCH_DEFAULTS),
+    "bench_seed": Input("count", True, "--seed", 0, 999_999_999, example=1, ignored=BENCH_DEFAULTS),
+    "bench_server_host": Input("address", True, "the address the client reaches the server at, --host",
+                               example="127.0.0.1", ignored=BENCH_DEFAULTS),
+    "bench_slo_p99_itl_ms": Input("bound", True, "the slo objective's bound on the p99 inter-token latency, ms",
+                                  high=3_600_000, example=100, ignored=BENCH_DEFAULTS),
+    "bench_slo_p99_ttft_ms": Input("bound", True, "the slo objective's bound on the p99 time to first token, ms",
+                                   high=3_600_000, example=10000, ignored=BENCH_DEFAULTS),
+    "bench_report_dir": Input("pattern", True, "the report's directory on the controller", pattern=r".+",
+                              rule="a directory, relative to where ansible-playbook runs or absolute",
+                              example="reports", ignored=BENCH_DEFAULTS),
+    "bench_report_stem": Input("pattern", False,
+                               "the report's file name without extension, which moefleet bench run sets",
+                               pattern=r"(?!\.\.?$)[^/\n]+", rule="a file name without '/'",
+                               example="bench-gpu-07"),
+    "bench_service_extra_env": Input("env", True, "service environment added for the sweep's starts only",
+                                     example={"NCCL_DEBUG": "INFO"}, ignored=BENCH_DEFAULTS),
+    "bench_rollback": Input("bool", True, "the role's rollback during the sweep", ignored=BENCH_DEFAULTS),
+    "bench_level_timeout": Input("count", True, "seconds one concurrency level may run", 1, 7 * 86_400,
+                                 example=3600, ignored=BENCH_DEFAULTS),
+    "bench_apply_vars_file": Input("pattern", False, "the inventory file -e apply=yes writes the winner to",
+                                   pattern=r".+\.ya?ml", rule="a YAML file's path (.yml or .yaml)",
+                                   example="inventory/prod/group_vars/blackwell.yml"),
 }
 
 _COUNT = re.compile(r"[0-9]+")
@@ -247,10 +316,15 @@ BATCH_RULE = ("a number of hosts from 1 to 100000, or a percentage of the play's
               "down, at least one host)")
 
 
-def value_problem(name: str, value: Any, host: str | None = None) -> str | None:
-    """A sentence naming ``name``, the value and the fix when ``value`` is not usable for that input, else None."""
+def value_problem(name: str, value: Any, host: str | None = None,
+                  catalog: Mapping[str, Any] | None = None) -> str | None:
+    """A sentence naming ``name``, the value and the fix when ``value`` is not usable for that input, else None.
+    ``catalog`` (the validated profile catalog, extra profiles included): the profile names and NCCL sets an input
+    may name; without it (moefleet bench run, before the run) only their form is checked."""
     spec = INPUTS[name]
     where = f" for {host}" if host else ""
+    if spec.kind not in ("batch", "batches", "percent", "yes_no", "bool"):
+        return _sweep_problem(name, value, spec, host, catalog)
     if spec.kind == "batch":
         why = batch_size_problem(value)
         if why is None:
@@ -285,6 +359,95 @@ def value_problem(name: str, value: Any, host: str | None = None) -> str | None:
     return bool_problem(name, value, host)
 
 
+_DECIMAL = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
+
+
+def _number(value: Any) -> float | None:
+    """A number as YAML/JSON or -e's text gives it (digits, one optional fraction), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        return float(value)
+    return None
+
+
+def profile_names(value: Any) -> list[str] | None:
+    """The profiles a sweep is asked for, as playbooks/bench.yml reads ``profiles`` (bench_asked): a list, or names
+    separated by commas in one text ("tp8, ep8"); None for an empty text or anything else."""
+    if isinstance(value, str):
+        return [name.strip() for name in value.split(",") if name.strip()] or None
+    if isinstance(value, list) and value and all(isinstance(n, str) and n.strip() == n and n for n in value):
+        return list(value)
+    return None
+
+
+def _sweep_problem(name: str, value: Any, spec: Input, host: str | None,
+                   catalog: Mapping[str, Any] | None) -> str | None:
+    """value_problem for the benchmark sweep's kinds of input (Input's docstring)."""
+    where = f" for {host}" if host else ""
+    fix = f"e.g. {_example(name, spec.example)}"
+    kind = spec.kind
+    if kind == "count":
+        _, problem = whole_number(name, value, int(spec.low), int(spec.high), host)
+        return None if problem is None else f"{problem[:-1]} ({spec.what}), {fix}."
+    if kind == "counts":
+        if not isinstance(value, list) or not value:
+            return (f"{name} is {value!r}{where}; give a non-empty list of whole numbers from {int(spec.low)} to "
+                    f"{int(spec.high)} ({spec.what}), as JSON: {_example(name, spec.example)}.")
+        for number, item in enumerate(value, start=1):
+            if whole_number(name, item, int(spec.low), int(spec.high))[1] is not None:
+                return (f"item {number} of {name} is {item!r}{where}; give each as a whole number from "
+                        f"{int(spec.low)} to {int(spec.high)} ({spec.what}), and the list as JSON: "
+                        f"{_example(name, spec.example)}.")
+        return None
+    if kind in ("number", "bound"):
+        number = _number(value)
+        if kind == "bound" and value is None:
+            return None
+        low_ok = number is not None and (number > 0 if kind == "bound" else number >= spec.low)
+        if low_ok and number <= spec.high:
+            return None
+        if kind == "number":
+            return (f"{name} is {value!r}{where}; set it to a number from {spec.low:.0f} to {spec.high:.0f} "
+                    f"({spec.what}), {fix}.")
+        return (f"{name} is {value!r}{where}; set it to a number above 0 and at most {spec.high:.0f} ({spec.what}), "
+                f"{fix}, or to null for no bound: -e '{json.dumps({name: None})}'.")
+    if kind == "choice":
+        if isinstance(value, str) and value in spec.choices:
+            return None
+        return f"{name} is {value!r}{where}; set it to one of {', '.join(spec.choices)} ({spec.what}), {fix}."
+    if kind == "address":
+        if is_address(value):
+            return None
+        return f"{name} is {value!r}{where}; set it to an IP address or a host name ({spec.what}), {fix}."
+    if kind == "pattern":
+        if isinstance(value, str) and re.fullmatch(spec.pattern, value):
+            return None
+        return f"{name} is {value!r}{where}; set it to {spec.rule} ({spec.what}), {fix}."
+    if kind == "env":
+        if not isinstance(value, Mapping):
+            return (f"{name} is {value!r}{where}, not a mapping; give environment names and their values, as JSON: "
+                    f"{_example(name, spec.example)}.")
+        found = _env_problems(name, value, host, catalog)
+        return " ".join(found) or None
+    if kind == "profiles":
+        if value is None:
+            return None  # bench.yml: every profile that fits the host
+        names = profile_names(value)
+        if names is None:
+            return (f"{name} is {value!r}{where}; give one or more profile names, as a list in JSON "
+                    f"({_example(name, spec.example)}) or separated by commas (-e {name}=tp8,ep8).")
+        known = list((catalog or {}).get("profiles") or {})
+        unknown = [one for one in names if catalog is not None and one not in known]
+        if unknown:
+            return (f"{name} names {', '.join(unknown)}{where}, which the catalog does not have; name profiles of "
+                    f"the catalog ({', '.join(known)}), or add yours under moefleet_extra_profiles.")
+        return None
+    raise ValueError(f"INPUTS[{name!r}]: unknown kind {kind!r}")
+
+
 def confirmed(value: Any) -> bool:
     """Whether a boolean input reads as true, as the roles' `| bool` reads it (confirm, apply, and the hosts' booleans
     such as moefleet_allow_unfit); anything that is no boolean reads as false here (validate.yml refuses it)."""
@@ -317,23 +480,25 @@ def problems(
     host_values: Mapping[str, Mapping[str, Any]] | None = None,
     outside: Mapping[str, Iterable[str]] | None = None,
     everyone: str | None = None,
+    catalog: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Every problem of the run's inputs, as sentences: ``values`` (what the run asks: -e, as the controller sees
     them) checked by value_problem; each host's own value that differs from it (``host_values``), naming the
     host; and each run-level input set outside -e (``outside``, from outside_extra_vars), naming the hosts, or
-    saying "every host" for ``everyone`` (the controller's own name, which sees the inventory's group all)."""
+    saying "every host" for ``everyone`` (the controller's own name, which sees the inventory's group all).
+    ``catalog``: the validated catalog, for the profile names and NCCL sets an input names (value_problem)."""
     out: list[str] = []
     outside = outside or {}
     for name, value in values.items():
         if name in INPUTS and name not in outside:
-            problem = value_problem(name, value)
+            problem = value_problem(name, value, catalog=catalog)
             if problem:
                 out.append(problem)
     for host, seen in (host_values or {}).items():
         for name, value in seen.items():
             if name not in INPUTS or INPUTS[name].run_level or (name in values and value == values[name]):
                 continue
-            problem = value_problem(name, value, host)
+            problem = value_problem(name, value, host, catalog)
             if problem:
                 out.append(problem)
     for name, hosts in outside.items():
@@ -342,12 +507,12 @@ def problems(
                      values.get(name))
         where = ("for every host (group_vars/all or the inventory's all: vars)" if everyone in hosts
                  else "for " + ", ".join(hosts))
-        example = _example(name, value if value_problem(name, value) is None else _EXAMPLES[INPUTS[name].kind])
+        spec = INPUTS[name]
+        good = spec.example if spec.example is not None else _EXAMPLES[spec.kind]
+        example = _example(name, value if value_problem(name, value, catalog=catalog) is None else good)
         out.append(
-            f"{name} is set in the inventory {where}, which the playbooks would ignore, at least in part: Ansible "
-            "sizes a play's batches (serial, max_fail_percentage, any_errors_fatal) before it reads any host's "
-            "variables, and playbooks/rollout.yml's own vars override the inventory's. Remove it from the "
-            f"inventory and pass it for the run instead: {example}."
+            f"{name} is set in the inventory {where}, which the playbooks would ignore, at least in part: "
+            f"{spec.ignored}. Remove it from the inventory and pass it for the run instead: {example}."
         )
     return out
 
@@ -515,6 +680,9 @@ RESERVED_ENV: dict[str, str] = {
     "HF_HOME": "the sglang role sets it in sglang.env; set sglang_env instead",
     "TRITON_CACHE_DIR": "the sglang role sets it in sglang.env; set sglang_env instead",
 }
+# The inputs that end up in the service unit's environment: bench.yml adds bench_service_extra_env to
+# sglang_service_extra_env for the sweep's starts.
+SERVICE_ENVS = ("sglang_service_extra_env", "bench_service_extra_env")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 POSIX_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
@@ -588,9 +756,9 @@ def _env_problems(name: str, env: Any, host: str | None, catalog: Mapping[str, A
                        "digits and '_', not starting with a digit.")
         elif isinstance(value, Mapping | list) or value is None:
             out.append(f"{name}.{key} is {value!r}{where}; set it to text (a number or a word).")
-        elif name == "sglang_service_extra_env" and key in RESERVED_ENV:
+        elif name in SERVICE_ENVS and key in RESERVED_ENV:
             out.append(f"{name} sets {key}{where}, which this unit owns: {RESERVED_ENV[key]}.")
-        elif name == "sglang_service_extra_env" and key in nccl:
+        elif name in SERVICE_ENVS and key in nccl:
             out.append(f"{name} sets {key}{where}, which the NCCL set {nccl[key]} defines (and a fallback may switch "
                        "sets): set sglang_service_nccl_set to a set of the catalog instead, or add a set with "
                        "your values under moefleet_extra_profiles' nccl_sets.")

@@ -1,11 +1,13 @@
 """playbooks/bench.yml's own expressions, run by ansible-playbook on localhost (no lab): the report lands under the
 working directory of ansible-playbook, not next to the playbook; the client is pointed at the address the server
-binds; the host leaves the routers before the first restart and comes back after the last one."""
+binds; the host leaves the routers before the first restart and comes back after the last one; every input is
+checked on the controller before any host is read (an unreachable inventory host, never contacted)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +134,116 @@ def test_the_host_leaves_the_routers_before_the_first_restart_and_returns_after_
     assert "sglang_service_outcome.serving_profile | default('') == bench_final_profile" in back["when"]
     assert after.index("Remove the results and the key from the host") < after.index(
         "Serve again what the host served before the sweep, or the winner")
+
+
+# Tasks that run on the controller only: they read no host (assert, meta and include_vars are action plugins that
+# open no connection).
+CONTROLLER_ONLY = {"ansible.builtin.assert", "ansible.builtin.meta", "ansible.builtin.include_vars"}
+
+
+def test_every_input_is_checked_before_the_first_task_that_reads_a_host():
+    """The sweep's inputs are validate.yml's (imported first, as rollout.yml does; INPUTS of
+    module_utils/playbook_inputs.py); the sweep play's tasks up to the first one that reads a host (the fault
+    watcher's verdict, on the measured host only) run on the controller, and no later assert checks an input again."""
+    from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs
+
+    plays = yaml.safe_load(BENCH.read_text())
+    assert plays[0] == {"name": "Validate input on the controller", "ansible.builtin.import_playbook": "validate.yml"}
+    tasks = sweep_play()["tasks"]
+    names = [t["name"] for t in tasks]
+    first_read = names.index("Refuse a host the fault watcher found unfit (moefleet remediate first)")
+    assert tasks[first_read]["ansible.builtin.include_role"] == {"name": "moefleet_common", "tasks_from": "fit.yml"}
+    before = [next(k for k in t if k.startswith("ansible.")) for t in tasks[:first_read]]
+    assert set(before) <= CONTROLLER_ONLY, before
+    assert names.index("Measure one host only (the first of the play, or bench_host)") < first_read
+    for task in tasks[first_read:]:
+        that = (task.get("ansible.builtin.assert") or {}).get("that", [])
+        for condition in that if isinstance(that, list) else [that]:
+            checked = [n for n in playbook_inputs.INPUTS if re.search(rf"\b{n}\b", condition)]
+            assert checked == [], f"{task['name']} checks {checked} again, after a host was read"
+
+
+def run_refused(inventory: Path, *extra: str) -> str:
+    """bench.yml run on an inventory whose only host is unreachable (TEST-NET-1): it must fail on the controller,
+    the host never contacted (a task on it would report it unreachable after an SSH timeout)."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_TIMEOUT="3", PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(BENCH)]
+    for value in extra:
+        cmd += ["-e", value]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    recap = done.stdout.split("PLAY RECAP")[-1]
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "UNREACHABLE!" not in done.stdout and "unreachable=1" not in recap, "a host was contacted"
+    assert "Refuse a host the fault watcher found unfit" not in done.stdout, "the sweep reached its host tasks"
+    return " ".join(done.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def unreachable(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("inv") / "hosts.yml"
+    path.write_text("all:\n  children:\n    blackwell:\n      hosts:\n        unreachable-1:\n"
+                    "          ansible_host: 192.0.2.1\n          sglang_profile: tp8\n"
+                    "          sglang_model_source: prestaged\n")
+    return path
+
+
+def test_bad_sweep_inputs_are_refused_before_any_host_each_with_its_fix(unreachable):
+    out = run_refused(unreachable, json.dumps({"profiles": ["tp8", "tp3"], "bench_ladder": [1, 0],
+                                               "bench_service_extra_env": {"NCCL_P2P_DISABLE": "1"}}),
+                      "apply_objective=fastest", "bench_slo_p99_itl_ms=null")
+    for sentence in (
+        "profiles names tp3, which the catalog does not have; name profiles of the catalog (tp8,",
+        "item 2 of bench_ladder is 0; give each as a whole number from 1 to 100000",
+        "bench_service_extra_env sets NCCL_P2P_DISABLE, which the NCCL set pcie_shm defines",
+        "apply_objective is 'fastest'; set it to one of single_stream, throughput, slo",
+        "bench_slo_p99_itl_ms is 'null'; set it to a number above 0",
+    ):
+        assert sentence in out, sentence
+
+
+def test_a_host_to_measure_outside_the_run_is_refused_before_any_host(unreachable):
+    out = run_refused(unreachable, "bench_host=gpu-9")
+    assert "bench_host is gpu-9, which is not a host of group blackwell in this run (unreachable-1)" in out
+
+
+def test_good_sweep_inputs_pass_the_checks(tmp_path):
+    """The forms the header documents pass validate.yml: the run reaches the host's first check, here a local host
+    that is not deployed (read-only: the fault watcher's file, facts, two stat calls)."""
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  children:\n    blackwell:\n      hosts:\n        local-1:\n"
+                    "          ansible_connection: local\n"
+                    f"          ansible_python_interpreter: {sys.executable}\n"
+                    "          sglang_profile: tp8\n          sglang_model_source: prestaged\n"
+                    f"          sglang_venv: {tmp_path}/venv\n          sglang_model_path: {tmp_path}/model\n"
+                    f"          moefleet_unfit_file: {tmp_path}/unfit.json\n")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    good = {"profiles": "tp8, ep8", "bench_ladder": [1, "64"], "bench_slo_p99_itl_ms": None, "apply": "no",
+            "apply_objective": "slo", "bench_prompts_per_concurrency": "1.5", "bench_dataset_path": "/srv/sg.json",
+            "bench_service_extra_env": {"NCCL_DEBUG": "INFO"}, "bench_report_dir": str(tmp_path / "reports")}
+    done = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(path), str(BENCH), "-e", json.dumps(good)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = " ".join(done.stdout.split())
+    assert done.returncode != 0 and "TASK [Require a deployed host]" in out, done.stdout[-3000:]
+    assert f"local-1 lacks {tmp_path}/venv/bin/python and {tmp_path}/model/config.json" in out
+
+
+@pytest.mark.parametrize(("argv", "sentence"), [
+    (["-e", '{"bench_ladder": [1, 0]}'], "item 2 of bench_ladder is 0; give each as a whole number from 1 to 100000"),
+    (["-e", "apply_objective=fastest"], "apply_objective is 'fastest'; set it to one of single_stream, throughput"),
+    (["--profiles", " , "], "--profiles needs one or more profile names"),
+    (["--profiles", "tp8", "-e", "bench_dataset_name=sharegpt"], "bench_dataset_name is 'sharegpt'; set it to one of"),
+])
+def test_moefleet_bench_run_refuses_bad_input_with_exit_2_before_running_anything(monkeypatch, capsys, argv,
+                                                                                   sentence):
+    """The CLI's own check is playbook_inputs' (the one validate.yml runs): nothing starts, exit 2, the sentence."""
+    from moefleet import runner
+    from moefleet.cli import main
+
+    def no_run(*_args, **_kwargs):
+        raise AssertionError("the playbook ran")
+
+    monkeypatch.setattr(runner, "run_playbook", no_run)
+    assert main(["bench", "run", *argv]) == 2
+    assert sentence in " ".join(capsys.readouterr().err.split())

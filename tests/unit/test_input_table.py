@@ -1,6 +1,8 @@
 """Every operator input is checked on the controller: for each variable of each role's meta/argument_specs.yml
 (main entry point) and each playbook input, a bad value is refused by the code playbooks/validate.yml runs, before
-any host is contacted. A variable added to a spec without a row here fails test_every_input_has_a_bad_value.
+any host is contacted. A variable added to a spec or to playbook_inputs.INPUTS without a row here fails
+test_every_input_has_a_bad_value; one that playbooks/bench.yml starts reading without a row in INPUTS fails
+test_every_bench_input_is_documented_declared_and_checked.
 
 The checking code, called as validate.yml calls it: ansible.builtin.validate_argument_spec's validator
 (ArgumentSpecValidator) over the role's spec; the moefleet.serving.input_problems filter (booleans `| bool`
@@ -13,6 +15,7 @@ itself is tests/integration/test_validate_playbook.py's.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -175,8 +178,37 @@ BAD_RUN = {
     "moefleet_through_routers": ("maybe", "which is not a boolean"),
     "moefleet_maintenance_window": ("perhaps", "which is not a boolean"),
     "confirm": ("1", "set it to yes or no"),
+    # the benchmark sweep's (playbooks/bench.yml), checked against the catalog as validate.yml checks them
     "apply": ("maybe", "which is not a boolean"),
+    "apply_objective": ("fastest", "set it to one of single_stream, throughput, slo"),
+    "profiles": ("tp8,tp3", "profiles names tp3, which the catalog does not have; name profiles of the catalog"),
+    "bench_ladder": ("1,64", "give a non-empty list of whole numbers from 1 to 100000"),
+    "bench_input_len": (0, "set it to a whole number from 1 to 10485760"),
+    "bench_output_len": ("512 tokens", "set it to a whole number from 1 to 10485760"),
+    "bench_prompts_min": (0, "set it to a whole number from 1 to 1000000"),
+    "bench_prompts_per_concurrency": ("-2", "set it to a number from 0 to 10000"),
+    "bench_prompts_max": (2.5, "set it to a whole number from 1 to 1000000"),
+    "bench_dataset_name": ("sharegpt", "set it to one of random, random-ids"),
+    "bench_tokenize_prompt": ("maybe", "which is not a boolean"),
+    "bench_dataset_path": ("sharegpt.json", "set it to an absolute path on the host, or empty"),
+    "bench_seed": (-1, "set it to a whole number from 0 to 999999999"),
+    "bench_server_host": ("not an address", "set it to an IP address or a host name"),
+    "bench_slo_p99_itl_ms": ("null", "or to null for no bound: -e '{\"bench_slo_p99_itl_ms\": null}'"),
+    "bench_slo_p99_ttft_ms": (0, "set it to a number above 0"),
+    "bench_report_dir": ("", "set it to a directory"),
+    "bench_report_stem": ("out/bench", "set it to a file name without '/'"),
+    "bench_service_extra_env": ({"CUDA_VISIBLE_DEVICES": "0,1"}, "which this unit owns"),
+    "bench_rollback": ("sometimes", "which is not a boolean"),
+    "bench_level_timeout": (0, "set it to a whole number from 1 to 604800"),
+    "bench_apply_vars_file": ("group_vars/blackwell", "set it to a YAML file's path (.yml or .yaml)"),
 }
+
+# playbooks/bench.yml: the operator's variables it reads, each documented in its header and declared in
+# playbook_inputs.INPUTS (checked by validate.yml's first play), except bench_host: the sweep play's first task checks
+# it against the run's hosts after --limit, known only there, on the controller (tests/unit/test_bench_playbook.py).
+BENCH = ROOT / "playbooks" / "bench.yml"
+BENCH_TASKS = ROOT / "playbooks" / "tasks" / "bench_profile.yml"
+BENCH_CHECKED_IN_PLAY = {"bench_host"}
 
 
 def options(role: str) -> dict:
@@ -223,6 +255,103 @@ def test_every_input_has_a_bad_value():
     assert set(BAD_RUN) == set(playbook_inputs.INPUTS)
 
 
+def _set_by(node) -> set[str]:
+    """The names a task file sets itself: set_fact keys, registered results, loop variables."""
+    found: set[str] = set()
+    if isinstance(node, list):
+        for item in node:
+            found |= _set_by(item)
+    elif isinstance(node, dict):
+        facts = node.get("ansible.builtin.set_fact")
+        found |= set(facts) if isinstance(facts, dict) else set()
+        found |= {node["register"]} if isinstance(node.get("register"), str) else set()
+        control = node.get("loop_control")
+        found |= {control["loop_var"]} if isinstance(control, dict) and "loop_var" in control else set()
+        for value in node.values():
+            found |= _set_by(value)
+    return found
+
+
+def bench_reads() -> set[str]:
+    """The variables an operator sets for playbooks/bench.yml: its sweep play's vars that are no template of other
+    variables, and what its files read with a default (or test for) that they do not set themselves and that is no
+    role's input (the roles' argument specs and validate.yml's moefleet_host_inputs_spec declare those)."""
+    (play,) = [p for p in yaml.safe_load(BENCH.read_text()) if p.get("hosts") == "blackwell"]
+    names = {k for k, v in play["vars"].items() if not (isinstance(v, str) and "{{" in v)}
+    texts = [BENCH.read_text(), BENCH_TASKS.read_text()]
+    for text in texts:
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        names |= set(re.findall(r"(?<![.\w'\"])([a-z_][a-z0-9_]*)\s*\|\s*default\(", code))
+        names |= set(re.findall(r"(?<![.\w'\"])([a-z_][a-z0-9_]*) is (?:not )?defined", code))
+    set_here = set(play["vars"]) - names | _set_by(play["tasks"]) | _set_by(yaml.safe_load(BENCH_TASKS.read_text()))
+    role_inputs = set(HOST_SPEC).union(*(options(role) for role in [*HOST_ROLES, *ROUTER_ROLES]))
+    return names - set_here - role_inputs
+
+
+def bench_documented() -> set[str]:
+    """The variables bench.yml's header lists (its "Variables" block)."""
+    header = BENCH.read_text().split("\n- name:", 1)[0]
+    block = header.split("# Variables", 1)[1].split("\n#\n", 1)[0]
+    return set(re.findall(r"^#   ([a-z_][a-z0-9_]*) ", block, re.M))
+
+
+def test_every_bench_input_is_documented_declared_and_checked():
+    """A variable bench.yml starts reading without a row in playbook_inputs.INPUTS (and so without the check
+    validate.yml runs before any host is read) fails here, as does one its header does not document."""
+    reads, documented = bench_reads(), bench_documented()
+    assert {"profiles", "bench_ladder", "apply", "bench_host", "bench_report_stem"} <= reads  # the scan finds them
+    assert sorted(reads - documented) == [], "document these in playbooks/bench.yml's header"
+    assert sorted(reads - set(playbook_inputs.INPUTS) - BENCH_CHECKED_IN_PLAY) == [], "declare these in INPUTS"
+    declared = {name for name in playbook_inputs.INPUTS if re.search(rf"\b{name}\b", BENCH.read_text())}
+    assert sorted(documented - reads - {"bench_server_host"}) == [], "these are documented but not read"
+    assert declared >= documented - BENCH_CHECKED_IN_PLAY
+
+
+def test_the_sweeps_defaults_pass_the_checks():
+    """bench.yml's own defaults (its sweep play's vars) are values the checks take."""
+    (play,) = [p for p in yaml.safe_load(BENCH.read_text()) if p.get("hosts") == "blackwell"]
+    defaults = {k: v for k, v in play["vars"].items() if k in playbook_inputs.INPUTS and "{{" not in str(v)}
+    assert len(defaults) >= 15
+    assert playbook_inputs.problems(defaults, catalog=CATALOG) == []
+
+
+@pytest.mark.parametrize(("value", "asked"), [
+    ("tp8", ["tp8"]), ("tp8, ep8", ["tp8", "ep8"]), ("tp8,,ep8,", ["tp8", "ep8"]),
+    (["tp2ep4", "tp8"], ["tp2ep4", "tp8"]),
+    ("", None), (" , ", None), ([], None), ([8], None), ({"tp8": 1}, None), ([" tp8"], None),
+])
+def test_profiles_are_read_as_bench_yml_reads_them(value, asked):
+    """playbook_inputs.profile_names against bench.yml's own bench_asked expression (a list, or "a,b")."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    assert playbook_inputs.profile_names(value) == asked
+    (play,) = [p for p in yaml.safe_load(BENCH.read_text()) if p.get("hosts") == "blackwell"]
+    read = Templar(loader=DataLoader(), variables={"profiles": value}).template(
+        trust_as_template(play["vars"]["bench_asked"]))
+    if asked is not None:
+        assert read == asked
+    else:  # what bench.yml would read is no usable list of names: refused before it gets there
+        assert playbook_inputs.value_problem("profiles", value, catalog=CATALOG)
+
+
+def test_without_the_catalog_only_the_form_of_profiles_is_checked():
+    """moefleet bench run checks -e and --profiles before the run, without the catalog (extra profiles live in the
+    inventory): unknown names are validate.yml's to refuse, with the catalog."""
+    assert playbook_inputs.problems({"profiles": ["tp8", "tp3"]}) == []
+    assert playbook_inputs.problems({"profiles": []})
+    assert playbook_inputs.problems({"profiles": ["tp8", "tp3"]}, catalog=CATALOG)
+
+
+def test_a_sweep_input_in_the_inventory_is_refused_saying_why():
+    """bench.yml's play vars hold the defaults, which override the inventory: a value there would be ignored."""
+    found = playbook_inputs.problems({}, {"gpu-1": {"bench_ladder": [1, 8]}}, {"bench_ladder": ["gpu-1"]})
+    assert found == ["bench_ladder is set in the inventory for gpu-1, which the playbooks would ignore, at least in "
+                     "part: playbooks/bench.yml's sweep play holds its defaults as play vars, which override the "
+                     "inventory's. Remove it from the inventory and pass it for the run instead: "
+                     "-e '{\"bench_ladder\": [1, 8]}'."]
+
+
 def test_validate_yml_checks_every_role_the_playbooks_run_on_hosts():
     roles = {p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists()}
     assert set(HOST_ROLES) | set(ROUTER_ROLES) == roles - NOT_DEPLOY_ROLES - {"router_membership"}
@@ -238,7 +367,7 @@ def test_a_bad_value_of_each_role_input_is_refused_naming_it(name):
 @pytest.mark.parametrize("name", sorted(BAD_RUN))
 def test_a_bad_value_of_each_run_input_is_refused_naming_it(name):
     value, sentence = BAD_RUN[name]
-    found = playbook_inputs.problems({name: value})
+    found = playbook_inputs.problems({name: value}, catalog=CATALOG)
     assert any(name in s and sentence in s for s in found), found
 
 
