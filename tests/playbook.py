@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from moefleet.commands.rollout import SERVE_ONLY_SKIP_TAGS
@@ -30,15 +31,19 @@ def run_playbook(inventory: str | Path, playbook: str | Path, *extra_vars: str, 
     return subprocess.run([*cmd, *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+_LAB_MODULE_LOCK = threading.Lock()
+
+
 def lab_module():
     """sim/lab/lab.py as a module (loaded once): its ssh_config_path() is the one place that says where the
     ssh_config of an inventory's hosts lives."""
-    if "moefleet_lab" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("moefleet_lab", ROOT / "sim" / "lab" / "lab.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["moefleet_lab"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["moefleet_lab"]
+    with _LAB_MODULE_LOCK:  # tests/suite.py's CPU sampler asks from its own thread: never a half-loaded module
+        if "moefleet_lab" not in sys.modules:
+            spec = importlib.util.spec_from_file_location("moefleet_lab", ROOT / "sim" / "lab" / "lab.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["moefleet_lab"] = module
+            spec.loader.exec_module(module)
+        return sys.modules["moefleet_lab"]
 
 
 def ssh_config_path(inventory: str | Path) -> Path:
