@@ -291,6 +291,21 @@ def test_a_fleet_given_a_gateway_rolls_out_through_it_and_fails_no_request(route
     assert _routed_to(router_url, "") == "HTTP 401"
 
 
+def test_the_readmes_deploy_command_is_refused_before_any_host_changes(routed_lab):
+    """The README's first command, `ansible-playbook deploy.yml -e profile=...`, on this routed fleet: refused on the
+    controller with a sentence that names both ways (the drained rollout, or the maintenance window), and no
+    worker's server restarted."""
+    inventory, _ = routed_lab
+    started = {h: on_host(inventory, h, "systemctl show -p InvocationID --value sglang.service").strip()
+               for h in WORKERS}
+    result = run_playbook(inventory, "deploy.yml", "profile=tp8", EXTRA, options=SERVE_ONLY)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "moefleet rollout" in result.stdout and "moefleet_maintenance_window=true" in result.stdout, \
+        result.stdout[-3000:]
+    assert {h: on_host(inventory, h, "systemctl show -p InvocationID --value sglang.service").strip()
+            for h in WORKERS} == started
+
+
 def test_no_worker_holds_the_gateway_admin_key(routed_lab):
     """No file and no process environment or command line of any worker holds the gateway's admin key
     (tests/key_search.py: the key goes to each host's grep on its standard input); the gateway host does (its
