@@ -188,13 +188,13 @@ def _serves_the_model(router_url: str) -> bool:
                for w in _router_workers_when_up(router_url))
 
 
-def _rollout_under_load(inventory: Path, router_url: str, *extra: str, key: str | None = None,
+def _rollout_under_load(inventory: Path, router_url: str, *extra: str, client_key: str | None = None,
                         from_first_worker: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
     """The rollout playbook on the installed workers as `moefleet rollout --serve-only` runs it (--skip-tags install),
     with bounded load chunks through the router from its start to its end (from_first_worker: from the moment the
-    gateway, which the rollout installs, first lists a worker that serves the model), sent with ``key`` (default
-    KEYS["worker"])."""
-    key = KEYS["worker"] if key is None else key
+    gateway, which the rollout installs, first lists a worker that serves the model), sent with ``client_key``
+    (default KEYS["worker"])."""
+    client_key = KEYS["worker"] if client_key is None else client_key
     cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "rollout.yml"),
            *SERVE_ONLY, "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e))]
     totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
@@ -207,7 +207,7 @@ def _rollout_under_load(inventory: Path, router_url: str, *extra: str, key: str 
             if from_first_worker and not chunks and proc.poll() is None and not _serves_the_model(router_url):
                 time.sleep(1)
                 continue
-            load = Load(router_url, CHUNK, RATE, MAX_TOKENS, api_key=key).start()
+            load = Load(router_url, CHUNK, RATE, MAX_TOKENS, api_key=client_key).start()
             chunk = load.result()
             chunks.append(chunk)
             latencies += [lat for good, lat, _ in load.results if good]
@@ -871,7 +871,7 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
         # gateway (host variables here, over the lab's group variables) and rolls out. Clients keep sending the
         # old key until the gateway switches, after the last worker.
         _rotate_key(inventory, NEW_KEY)
-        result, load = _rollout_under_load(inventory, router_url, "profile=tp8", key=WORKER_KEY)
+        result, load = _rollout_under_load(inventory, router_url, "profile=tp8", client_key=WORKER_KEY)
     finally:
         stop.set()
         watcher.join(30)
