@@ -309,18 +309,17 @@ SCRAPE_JOBS = ("sglang", "smg", "node", "dcgm")
 
 def scrape_targets(hostvars, workers, routers, monitoring, defaults):
     """Prometheus file_sd target lists by job, from the inventory: ``{{ hostvars | moefleet.serving.scrape_targets(
-    groups.blackwell, groups.routers, groups.monitoring, {'sglang_service': ..., 'sglang_router': ...,
-    'node_metrics': ...}) }}`` -> ``{job: [{"targets": ["addr:port"], "labels": {"host", "role"}}], ...,
-    "unreachable": [worker, ...]}``.
+    groups.blackwell, groups.routers, groups.monitoring, {'sglang_service_port': ..., ...}) }}``
+    -> ``{job: [{"targets": ["addr:port"], "labels": {"host", "role"}}], ..., "unreachable": [worker, ...]}``.
 
     sglang: each worker with sglang_service_metrics on, at the address the routers reach it at (worker_url);
     smg: each router's --prometheus-port; node: node_exporter on every host (a host in several groups once, as worker,
     else gateway, else monitoring); dcgm: workers with node_metrics_gpu_collector dcgm. ``unreachable``: workers
-    bound to the loopback, whose /metrics no other host can scrape. ``defaults`` are the roles' defaults, for what
-    a host's variables leave unset."""
-    def var(host, role, name):
+    bound to the loopback, whose /metrics no other host can scrape. ``defaults`` holds, by variable name, the value for
+    what a host's variables leave unset (the fleet's defaults, roles/moefleet_defaults)."""
+    def var(host, name):
         hv = hostvars[host]
-        return hv[name] if name in hv else defaults[role][name]
+        return hv[name] if name in hv else defaults[name]
 
     def reach(host):
         return hostvars[host].get("ansible_host", host)
@@ -332,23 +331,23 @@ def scrape_targets(hostvars, workers, routers, monitoring, defaults):
     workers, routers, monitoring = list(workers or []), list(routers or []), list(monitoring or [])
     out = {job: [] for job in SCRAPE_JOBS} | {"unreachable": []}
     for host in workers:
-        if playbook_inputs.parse_bool(var(host, "sglang_service", "sglang_service_metrics")):
-            bound = str(var(host, "sglang_service", "sglang_service_host")).strip("[]")
+        if playbook_inputs.parse_bool(var(host, "sglang_service_metrics")):
+            bound = str(var(host, "sglang_service_host")).strip("[]")
             if bound in _LOOPBACKS:
                 out["unreachable"].append(host)
-            url = worker_url(bound, var(host, "sglang_service", "sglang_service_port"), reach(host))
+            url = worker_url(bound, var(host, "sglang_service_port"), reach(host))
             out["sglang"].append({"targets": [url.removeprefix("http://")], "labels": {"host": host, "role": "worker"}})
-        if var(host, "node_metrics", "node_metrics_gpu_collector") == "dcgm":
-            out["dcgm"].append(entry(host, "worker", reach(host), var(host, "node_metrics", "node_metrics_dcgm_port")))
+        if var(host, "node_metrics_gpu_collector") == "dcgm":
+            out["dcgm"].append(entry(host, "worker", reach(host), var(host, "node_metrics_dcgm_port")))
     for host in routers:
         out["smg"].append(entry(host, "gateway", reach(host),
-                                var(host, "sglang_router", "sglang_router_prometheus_port")))
+                                var(host, "sglang_router_prometheus_port")))
     seen = set()
     for hosts, role in ((workers, "worker"), (routers, "gateway"), (monitoring, "monitoring")):
         for host in hosts:
             if host not in seen:
                 seen.add(host)
-                out["node"].append(entry(host, role, reach(host), var(host, "node_metrics", "node_metrics_port")))
+                out["node"].append(entry(host, role, reach(host), var(host, "node_metrics_port")))
     return out
 
 

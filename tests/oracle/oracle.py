@@ -104,7 +104,8 @@ def role_defaults(role: str) -> dict:
     out: dict = {}
     for dep in meta.get("dependencies") or []:
         out.update(role_defaults(dep if isinstance(dep, str) else dep["role"]))
-    return {**out, **(yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {})}
+    defaults = ROOT / "roles" / role / "defaults" / "main.yml"
+    return {**out, **((yaml.safe_load(defaults.read_text()) or {}) if defaults.exists() else {})}
 
 
 def example_inventory_vars() -> dict:

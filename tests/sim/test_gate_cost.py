@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from ansible_collections.moefleet.serving.plugins.module_utils import answer_check
+from role_defaults import role_defaults
 from sglang._sim import throughput
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULTS = yaml.safe_load((ROOT / "roles" / "sglang_service" / "defaults" / "main.yml").read_text())
+DEFAULTS = role_defaults("sglang_service")
 SAMPLING = DEFAULTS["sglang_service_models"]["kimi-k2.6"]["sampling"]
 PARSERS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
 TP8EP4 = ("--tp-size", "8", "--ep-size", "4", "--mem-fraction-static", "0.8")

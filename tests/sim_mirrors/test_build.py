@@ -283,7 +283,8 @@ def test_the_lab_inventory_asks_for_the_headers_the_mirror_serves(lab):
     out, _, _ = lab
     role = REPO / "roles" / "nvidia_driver"
     lab_vars = yaml_load(REPO / "inventory" / "sim" / "group_vars" / "all.yml")
-    role_vars = {**yaml_load(role / "defaults" / "main.yml"), **yaml_load(role / "vars" / "main.yml")}
+    role_vars = {**yaml_load(REPO / "roles" / "moefleet_defaults" / "defaults" / "main.yml"),
+                 **yaml_load(role / "defaults" / "main.yml"), **yaml_load(role / "vars" / "main.yml")}
     assert lab_vars.get("nvidia_driver_kernel_headers", True) is True, "the lab installs the kernel headers"
     for distro, (kernel, metapackage, _) in KERNELS.items():
         variables = {name: trust_as_template(value) if isinstance(value, str) else value

@@ -12,11 +12,11 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 from ansible_collections.moefleet.serving.plugins.module_utils import answer_check as A
+from role_defaults import role_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULTS = yaml.safe_load((ROOT / "roles" / "sglang_service" / "defaults" / "main.yml").read_text())
+DEFAULTS = role_defaults("sglang_service")
 K26_SAMPLING = DEFAULTS["sglang_service_models"]["kimi-k2.6"]["sampling"]
 
 

@@ -44,10 +44,11 @@ def run(playbook: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
     return done
 
 
-def write_play(path: Path, play_vars: dict, tasks: list[dict]) -> Path:
+def write_play(path: Path, play_vars: dict, tasks: list[dict], vars_files: list[str] | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     play = {"name": "bench.yml's expressions", "hosts": "localhost", "gather_facts": False,
-            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}", **play_vars}, "tasks": tasks}
+            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}", **play_vars},
+            **({"vars_files": vars_files} if vars_files else {}), "tasks": tasks}
     path.write_text(yaml.safe_dump([play], sort_keys=False))
     return path
 
@@ -83,14 +84,11 @@ def test_the_client_is_pointed_at_the_address_the_server_binds(tmp_path):
     (bench_serving adds them, as NetworkAddress does), the role's default 127.0.0.1 when unset."""
     binds = ["127.0.0.1", "0.0.0.0", "::", "[::]", "10.0.0.11", "::1", "[fd00::7]", "fd00::7", "gpu-07.lan"]
     out = tmp_path / "seen.json"
-    # bench.yml's first task reads the roles' defaults (the unset case's fallback) under __defaults_<role>.
-    (first, *_) = sweep_play()["tasks"]
-    assert first["ansible.builtin.include_vars"]["name"] == "__defaults_{{ item }}"
-    assert "sglang_service" in first["loop"]
-    defaults = {"name": "Read the sglang_service role's defaults", "ansible.builtin.include_vars": {
-        "file": str(ROOT / "roles" / "sglang_service" / "defaults" / "main.yml"), "name": "__defaults_sglang_service"}}
+    # bench.yml's play lists the fleet's defaults first (the unset case's fallback); here they are loaded as a
+    # vars file, below the task vars that stand for the inventory, as role defaults are.
+    assert sweep_play()["roles"][0] == {"role": "moefleet_defaults"}
+    home = str(ROOT / "roles" / "moefleet_defaults" / "defaults" / "main.yml")
     playbook = write_play(tmp_path / "addr.yml", {"bench_server_host": sweep_play()["vars"]["bench_server_host"]}, [
-        defaults,
         {"name": "Note the address for each bind", "ansible.builtin.set_fact": {
             "seen": "{{ seen | default({}) | combine({item: _addr}) }}"},
          "vars": {"sglang_service_host": "{{ item }}", "_addr": "{{ bench_server_host }}"}, "loop": binds},
@@ -98,7 +96,7 @@ def test_the_client_is_pointed_at_the_address_the_server_binds(tmp_path):
             "seen": "{{ seen | combine({'(unset)': bench_server_host}) }}"}},
         {"name": "Write them", "ansible.builtin.copy": {"content": "{{ seen | to_json }}", "dest": str(out),
                                                         "mode": "0644"}},
-    ])
+    ], vars_files=[home])
     run(playbook, tmp_path)
     assert json.loads(out.read_text()) == {
         "127.0.0.1": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "10.0.0.11": "10.0.0.11",

@@ -23,6 +23,7 @@ import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.moefleet.serving.plugins.filter import moefleet as filters
 from ansible_collections.moefleet.serving.plugins.module_utils import playbook_inputs, profiles
+from role_defaults import role_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())
@@ -234,7 +235,7 @@ def refusals(name: str, value: object) -> list[str]:
         # play 1: resolve_profiles' rules between inputs, the host's values over the roles' defaults it reads
         defaults = {}
         for source in ("nvidia_driver", "sglang_model", "sglang_service"):
-            defaults.update(yaml.safe_load((ROOT / "roles" / source / "defaults" / "main.yml").read_text()))
+            defaults.update(role_defaults(source))
         inputs = {**defaults, "sglang_model_source": "huggingface", "sglang_model_revision": "a" * 40, **given}
         found += profiles.host_problems("gpu-1", inputs, CATALOG, "tp8")
     return found
@@ -374,8 +375,7 @@ def test_a_bad_value_of_each_run_input_is_refused_naming_it(name):
 def test_the_roles_defaults_pass_every_check():
     """The rules refuse no role's own default (those that are no template of other variables)."""
     for role in [*HOST_ROLES, *ROUTER_ROLES]:
-        path = ROOT / "roles" / role / "defaults" / "main.yml"
-        defaults = yaml.safe_load(path.read_text()) or {}
+        defaults = role_defaults(role)
         plain = {k: v for k, v in defaults.items() if k in options(role) and not (isinstance(v, str) and "{{" in v)}
         assert playbook_inputs.input_problems(plain, options(role), "gpu-1", CATALOG) == [], role
 

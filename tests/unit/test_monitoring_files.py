@@ -323,11 +323,9 @@ def test_scrape_targets_follow_each_hosts_settings():
     groups has one node target."""
     from ansible_collections.moefleet.serving.plugins.filter.moefleet import scrape_targets
 
-    defaults = {"sglang_service": {"sglang_service_metrics": True, "sglang_service_host": "127.0.0.1",
-                                   "sglang_service_port": 30000},
-                "sglang_router": {"sglang_router_prometheus_port": 29000},
-                "node_metrics": {"node_metrics_port": 9100, "node_metrics_gpu_collector": "nvidia-smi",
-                                 "node_metrics_dcgm_port": 9400}}
+    defaults = {"sglang_service_metrics": True, "sglang_service_host": "127.0.0.1", "sglang_service_port": 30000,
+                "sglang_router_prometheus_port": 29000, "node_metrics_port": 9100,
+                "node_metrics_gpu_collector": "nvidia-smi", "node_metrics_dcgm_port": 9400}
     hostvars = {
         "w1": {"ansible_host": "10.0.0.1", "sglang_service_host": "0.0.0.0"},
         "w2": {"ansible_host": "fd00::2", "sglang_service_host": "fd00::2", "node_metrics_gpu_collector": "dcgm"},

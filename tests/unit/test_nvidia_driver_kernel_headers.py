@@ -14,6 +14,7 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+from role_defaults import role_defaults
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "nvidia_driver"
 
@@ -44,7 +45,7 @@ def _trusted(value):
 
 
 def _role_vars() -> dict:
-    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    defaults = role_defaults("nvidia_driver")
     variables = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
     return _trusted({**defaults, **variables})  # vars/ win over defaults/, as in a play
 

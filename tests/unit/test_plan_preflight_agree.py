@@ -18,6 +18,7 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 from ansible_collections.moefleet.serving.plugins.filter.moefleet import FilterModule
+from role_defaults import home
 
 from moefleet.cli import main
 from moefleet.commands.plan import load_catalog
@@ -44,9 +45,8 @@ def preflight_plan(profile: str, memory_total_mib: int = 97887) -> dict:
         "inventory_hostname": "h1",
         "ansible_facts": {"nvidia_gpus": {"count": 8, "memory_total_mib": memory_total_mib}},
         "__preflight_model_config": {"content": base64.b64encode(K26.read_bytes()).decode()},
-        # sglang_service_extra_flags left unset: the role's default, as playbooks/preflight.yml reads it first
-        "__defaults_sglang_service": yaml.safe_load(
-            (ROOT / "roles" / "sglang_service" / "defaults" / "main.yml").read_text()),
+        # sglang_service_extra_flags left unset: the fleet's default, which playbooks/preflight.yml's play lists first
+        "sglang_service_extra_flags": home()["sglang_service_extra_flags"],
         "hostvars": {
             "localhost": {
                 "moefleet_validated": {

@@ -1,8 +1,8 @@
 """No playbook restates a role's default: `NAME | default(<literal>)` for a variable some role defines in its
 defaults/main.yml puts the playbook out of step with the role the day the default changes. Playbooks read the
-roles' defaults instead (the play's own roles, or each role's defaults/main.yml read under a name of its own);
-a role does not restate another role's default either. Read textually, so that it sees every Jinja expression
-(YAML values, folded scalars, templates)."""
+roles' defaults instead (the play's own roles, or roles/moefleet_defaults, the fleet's shared settings, listed first);
+a role does not restate another role's default, nor one of the shared settings, either. Read textually, so that it
+sees every Jinja expression (YAML values, folded scalars, templates)."""
 
 from __future__ import annotations
 

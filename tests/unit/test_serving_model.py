@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_collections.moefleet.serving.plugins.module_utils import profiles, serving_model
+from role_defaults import role_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULTS = yaml.safe_load((ROOT / "roles" / "sglang_service" / "defaults" / "main.yml").read_text())
+DEFAULTS = role_defaults("sglang_service")
 MODELS = DEFAULTS["sglang_service_models"]
 
 

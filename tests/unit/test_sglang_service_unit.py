@@ -31,9 +31,9 @@ def render(tmp_path: Path, versions=VERSIONS, home: str = "/var/lib/sglang") -> 
     playbook.write_text(json.dumps([{
         "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-        # the role's dependencies' defaults first (meta/main.yml: moefleet_common, sglang, sglang_model), as Ansible
-        # loads them
-        "vars_files": [str(ROLE.parent / "moefleet_common" / "defaults" / "main.yml"),
+        # the role's dependencies' defaults first (meta/main.yml: moefleet_defaults, moefleet_common (none), sglang,
+        # sglang_model), as Ansible loads them
+        "vars_files": [str(ROLE.parent / "moefleet_defaults" / "defaults" / "main.yml"),
                        str(ROLE.parent / "sglang" / "defaults" / "main.yml"),
                        str(ROLE.parent / "sglang_model" / "defaults" / "main.yml"),
                        str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],

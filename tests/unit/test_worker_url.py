@@ -75,12 +75,13 @@ def test_no_playbook_or_role_composes_a_worker_url_itself():
 
 def test_the_routers_worker_list_is_the_filters(tmp_path):
     """roles/sglang_router's --worker-urls (vars/main.yml), rendered by ansible-playbook for workers that bind
-    loopback (unset: the sglang_service role's default), every address, a private IPv4 or IPv6 address: each the
-    filter's router view, with the sglang_service role's default port where the inventory sets none."""
+    loopback (unset: the fleet's default), every address, a private IPv4 or IPv6 address: each the filter's router
+    view, with the fleet's default port (roles/moefleet_defaults, a dependency of the role) where the inventory sets
+    none."""
     role = ROOT / "roles" / "sglang_router"
-    (first, *_) = yaml.safe_load((role / "tasks" / "main.yml").read_text())
-    assert first["ansible.builtin.include_vars"] == {"file": "{{ role_path }}/../sglang_service/defaults/main.yml",
-                                                    "name": "__sglang_router_service_defaults"}
+    home = ROOT / "roles" / "moefleet_defaults"
+    meta = yaml.safe_load((role / "meta" / "main.yml").read_text())
+    assert {"role": "moefleet_defaults"} in meta["dependencies"]
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {
         "blackwell": {"hosts": {
@@ -96,10 +97,9 @@ def test_the_routers_worker_list_is_the_filters(tmp_path):
     playbook = tmp_path / "render.yml"
     playbook.write_text(yaml.safe_dump([{
         "hosts": "r1", "gather_facts": False,
-        "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
+        "vars_files": [str(home / "defaults" / "main.yml"), str(role / "defaults" / "main.yml"),
+                       str(role / "vars" / "main.yml")],
         "tasks": [
-            {"ansible.builtin.include_vars": {"file": str(ROOT / "roles" / "sglang_service" / "defaults" / "main.yml"),
-                                              "name": "__sglang_router_service_defaults"}},
             {"ansible.builtin.copy": {"content": "{{ _sglang_router_worker_urls | to_json }}", "dest": str(out),
                                       "mode": "0644"}},
         ],
