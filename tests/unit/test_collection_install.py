@@ -135,6 +135,8 @@ blackwell:
     ansible_connection: local
     ansible_python_interpreter: "{{ ansible_playbook_python }}"
     sglang_profile: tp2ep4
+    # a real run's input (--check runs validate.yml's checks, which refuse a model without a pinned revision)
+    sglang_model_source: prestaged
 routers:
   hosts:
     router-1:
