@@ -184,7 +184,7 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
             took[name] = time.monotonic() - since
             verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             print(f"suite: {name} {verdict} in {took[name] / 60:.1f} min", flush=True)
-            # A job's log stays on disk; the figures its tests print (tests/bench/conftest.py: the OOM detection
+            # A job's log stays on disk; the figures its tests print (tests/conftest.py; the OOM detection
             # p50/p95) are echoed here so that they are in CI's output.
             for line in (LOGS / f"{name}.log").read_text(errors="replace").splitlines():
                 if line.startswith("figure: "):

@@ -259,7 +259,7 @@ def routed_lab(tmp_path_factory):
         _run(sys.executable, LAB_PY, "down", "--name", LAB, "--inventory", inventory)
 
 
-def test_a_fleet_given_a_gateway_rolls_out_through_it_and_fails_no_request(routed_lab, tmp_path):
+def test_a_fleet_given_a_gateway_rolls_out_through_it_and_fails_no_request(routed_lab, tmp_path, record_property):
     """The fleet serves without a gateway, each worker on its loopback address and without a key (the fixture). The
     operator adds the routers group, each worker's address and the key (the lab's inventory) and rolls ep8 out: the
     rollout installs the gateway, and each worker's drain asks its server where and as it runs now (loopback, no
@@ -273,6 +273,8 @@ def test_a_fleet_given_a_gateway_rolls_out_through_it_and_fails_no_request(route
     with pytest.raises(urllib.error.URLError):
         _router_workers(router_url)  # no gateway yet
     result, load = _rollout_under_load(inventory, router_url, "profile=ep8", from_first_worker=True)
+    record_property("figure", f"router lab: a fleet given a gateway, rolled out under load through it: {load['ok']} "
+                              f"of {load['sent']} answered, {load['failed']} failed, {load['rollout_s']} s")
     assert result.returncode == 0, result.stdout[-4000:]
     assert load["failed"] == 0 and load["sent"] >= CHUNK, load
     hosts = _status(inventory, tmp_path)
@@ -889,7 +891,7 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
     assert paged == [], paged
 
 
-def test_a_rollout_that_rotates_the_key_completes(routed_lab):
+def test_a_rollout_that_rotates_the_key_completes(routed_lab, record_property):
     """The operator sets a new key for the workers and the gateway (host variables here, over the lab's group
     variables) and rolls out: each worker is drained with the key its server runs with, restarts with the new one and
     is put back with it; the gateway keeps the clients' old key until the last worker is back, then switches and
@@ -900,7 +902,9 @@ def test_a_rollout_that_rotates_the_key_completes(routed_lab):
     urls = _worker_urls(inventory)
     _rotate_key(inventory, NEW_KEY)
     result, load = _rollout_under_load(inventory, router_url, "profile=tp8", client_key=WORKER_KEY)
-    print(f"key rotation under load with the old key: {load}")
+    record_property("figure", f"router lab: a key rotation of 3 workers under load with the old key: {load['ok']} of "
+                              f"{load['sent']} answered, {load['failed']} failed {load['failures']}, "
+                              f"{load['rollout_s']} s")
     assert result.returncode == 0, result.stdout[-4000:]
     KEYS["worker"] = NEW_KEY
     for url in urls.values():  # every worker serves with the new key, and refuses the old one
