@@ -1,10 +1,12 @@
 """Zero-downtime rollouts through the model gateway on a lab of 3 workers and a router (lab.py up --router).
 
-One lab for both checks, in file order: tp8 is deployed everywhere and the gateway installed in front; then
-(1) ep8 is rolled out under continuous streaming load through the router: no request fails and every host
-ends on ep8, ready in the router; (2) a rollout of tp2ep4 whose canary runs out of memory loading it (and
-falls back) under the same load: no request fails, the rollout stops, and the canary never receives a
-request from the moment it was taken out of the router.
+One lab, in file order. The fixture deploys tp8 to the 3 workers as a fleet without a gateway (each on its loopback
+address, no key). Then (1) the operator gives it the inventory's gateway, addresses and key and rolls ep8 out: the
+rollout installs the gateway, drains each worker where its server runs now, and under streaming load through the new
+gateway (from its first worker on) no request fails and every host ends on ep8, ready in the router; the README's
+`deploy.yml` command on that fleet is refused before any worker restarts; (2) a rollout of tp2ep4 whose canary runs
+out of memory loading it (and falls back) under the same load: no request fails, the rollout stops, and the canary
+never receives a request from the moment it was taken out of the router.
 The workers decode on a slow clock (SGLANG_SIM_SERVE_TIME_SCALE=10: a 200-token answer streams for about a
 second), so requests are in flight whenever a host is drained; they start on a fast one. Then (3) the
 rollout's confirmation fails on the hosts that would restart only, (4) a plain systemctl stop of a
@@ -18,12 +20,12 @@ serving is taken out and remediated the same way; every worker serves again afte
 
 Then, with monitoring on, healthy-but-unusual hosts are left alone (a prefill that fails /health for twice the hang
 window, other devices' PCIe lines, an old fault before the deploy, a rollout whose gate sees realistic thoughts) and
-no worker holds the gateway's admin key.
+no worker holds the gateway's admin key; a rollout rotates the workers' and the gateway's key.
 
-Cost (a fresh-clone make test, beside two other jobs): 14.9 minutes in all at issue 23; the lab (3 workers from the
-installed base, tp8 on each, the gateway) 325 s, (1) 261 s, (2) 116 s, (3) 7 s, (4) 27 s, (5) 83 s, (6) 53 s, the
-removal 17 s. Issue 32 (measured beside the lab job): the healthy-but-unusual test 289 s, the key search a few
-seconds per host.
+Cost (issue 33, the job alone on the 2-core machine: 20.9 minutes in all): the fixture (3 workers from the installed
+base, tp8 on each, no gateway) 170 s, (1) 161 s (the drains of servers on loopback find nothing to wait for; the
+rollout itself 126 s), the healthy-but-unusual test 212 s, the key rotation 191 s, (2) 73 s, (5) 74 s, monitoring
+69 s, the hang 63 s; the rest under 45 s each. Earlier (issue 23, beside two other jobs): 14.9 minutes in all.
 """
 
 from __future__ import annotations
