@@ -579,6 +579,10 @@ PACKAGE = r"[a-z0-9][a-z0-9+.-]+"
 VERSION = Rule("pattern", pattern=r"[0-9]+\.[0-9]+", what="a MAJOR.MINOR version in quotes, such as '12.9'")
 REQUIREMENT = Rule("pattern", pattern=r"[^\s#]+(\s*[=<>!~]=?\s*[^\s#]+)?",
                    what="a pip requirement such as 'sglang[all]==0.5.10'")
+# A Prometheus duration (a rule's for:, a range selector, a scrape interval, the retention): units y w d h m s ms in
+# that order, each once, not all zero; Prometheus refuses the configuration or the rule file otherwise.
+DURATION = Rule("pattern", pattern=r"(?=.*[1-9])([0-9]+y)?([0-9]+w)?([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?"
+                r"([0-9]+ms)?", what="a Prometheus duration such as 30s, 5m, 1h30m or 15d")
 RULES: dict[str, Rule] = {
     # nvidia_driver
     "nvidia_driver_branch": Rule("count", 570, 999),
@@ -665,6 +669,39 @@ RULES: dict[str, Rule] = {
     "sglang_router_drain_timeout": Rule("count", 1, DAY),
     "sglang_router_join_timeout": Rule("count", 1, DAY),
     "sglang_router_guard_interval": Rule("count", 1, 3600),
+    # node_metrics (checked by playbooks/monitoring.yml's first play, on every host it runs on)
+    "node_metrics_port": PORT,
+    "node_metrics_textfile_dir": Rule("path"),
+    "node_metrics_gpu_interval": Rule("count", 1, 3600),
+    "node_metrics_dcgm_port": PORT,
+    "node_metrics_facts_dir": Rule("path"),
+    # monitoring_server (checked there too, on the hosts of group monitoring; the files are written unchecked by
+    # promtool when playbooks/monitoring_files.yml exports them)
+    "monitoring_server_config_dir": Rule("path"),
+    "monitoring_server_port": PORT,
+    "monitoring_server_alertmanager_port": PORT,
+    "monitoring_server_scrape_interval": DURATION,
+    "monitoring_server_evaluation_interval": DURATION,
+    "monitoring_server_retention": DURATION,
+    "monitoring_server_alert_webhook_url": Rule("url", empty=True),
+    "monitoring_server_worker_group": Rule("pattern", pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+                                           what="the inventory group of the workers, such as blackwell"),
+    "monitoring_server_router_group": Rule("pattern", pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+                                           what="the inventory group of the gateways, such as routers"),
+    "monitoring_server_down_for": DURATION,
+    "monitoring_server_kv_usage_threshold": Rule("number", 0, 1, what="a fraction of the KV cache in use"),
+    "monitoring_server_queue_threshold": Rule("count", 1, 1_000_000),
+    "monitoring_server_pressure_for": DURATION,
+    # histogram_quantile never goes past the histogram's largest finite bucket (SGLang's ends at 400 s): a bound of
+    # 400 or more never fires
+    "monitoring_server_ttft_p99_seconds": Rule("count", 1, 399, what="SGLang's first-token histogram ends at 400 s"),
+    "monitoring_server_itl_p99_seconds": Rule("number", 0.001, 60, what="a number of seconds"),
+    "monitoring_server_latency_for": DURATION,
+    "monitoring_server_gpu_temperature_celsius": Rule("count", 1, 120),
+    "monitoring_server_xid_window": DURATION,
+    "monitoring_server_maintenance_gap": DURATION,
+    "monitoring_server_maintenance_max_seconds": Rule("count", 60, 30 * DAY),
+    "monitoring_server_runtime_failure_window_seconds": Rule("count", 60, 30 * DAY),
     # the playbooks' own per-host input (moefleet_host_inputs_spec in playbooks/validate.yml)
     "moefleet_gpu_memory_gib": Rule("number", 1, 4096, what="PyTorch's capacity of one GPU in GiB, such as 94.97"),
 }
@@ -687,7 +724,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 POSIX_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
                        r"[A-Za-z0-9])?)*\.?")
-SECRET = re.compile(r".*_(key|token)$")
+# Never shown in a sentence: keys, tokens, and a webhook URL (a token in its path; its spec says no_log).
+SECRET = re.compile(r".*_(key|token|webhook_url)$")
 
 
 def _shown(name: str, value: Any) -> str:

@@ -10,7 +10,10 @@ misreads, each option's declared type, the RULES table of module_utils/playbook_
 module resolve_profiles' host_problems (module_utils/profiles.py: the GPU count, the port, the extra flags, the
 served model, the model source), with the roles' defaults under the host's values as validate.yml passes them; and
 for the run's own inputs playbook_inputs.problems (the playbook_input_problems filter). The run of validate.yml
-itself is tests/integration/test_validate_playbook.py's.
+itself is tests/integration/test_validate_playbook.py's. The monitoring roles' inputs (node_metrics,
+monitoring_server) are checked the same way by playbooks/monitoring.yml's first play, which runs the task file
+validate.yml's router play runs (playbooks/tasks/role_inputs.yml); its run is
+tests/integration/test_monitoring_inputs_playbook.py's.
 """
 
 from __future__ import annotations
@@ -30,19 +33,22 @@ VALIDATE = yaml.safe_load((ROOT / "playbooks" / "validate.yml").read_text())
 HOST_PLAY = next(play for play in VALIDATE if play["hosts"] == "blackwell")
 ROUTER_PLAY = next(play for play in VALIDATE if play["hosts"] == "routers")
 HOST_ROLES = HOST_PLAY["vars"]["moefleet_host_roles"]
-ROUTER_ROLES = ROUTER_PLAY["vars"]["moefleet_router_roles"]
+ROUTER_ROLES = ROUTER_PLAY["vars"]["moefleet_input_roles"]
 HOST_SPEC = HOST_PLAY["vars"]["moefleet_host_inputs_spec"]
 CATALOG = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())
+ROLE_INPUTS = "tasks/role_inputs.yml"
+MONITORING = yaml.safe_load((ROOT / "playbooks" / "monitoring.yml").read_text())
+MONITORING_FILES = yaml.safe_load((ROOT / "playbooks" / "monitoring_files.yml").read_text())
+# playbooks/monitoring.yml runs these (node_metrics everywhere, monitoring_server on group monitoring); its first play
+# checks their inputs (test_monitoring_yml_checks_its_roles_inputs_first_on_the_controller).
+MONITORING_ROLES = ["node_metrics", "monitoring_server"]
 # Not the operator's: serve.yml passes the sglang_service role its profile and catalog (validate.yml does too), and
-# the playbooks pass router_membership its state. node_metrics and monitoring_server run from playbooks/monitoring.yml,
-# which does not import validate.yml: Ansible checks their specs' types as the roles start.
+# the playbooks pass router_membership its state.
 NOT_CHECKED_BY_VALIDATE = {
     "sglang_service_profile": "serve.yml passes it (-e profile / sglang_profile, checked by resolve_profiles)",
     "sglang_service_catalog": "serve.yml passes it (the catalog validate.yml validated)",
     "router_membership_state": "the playbooks pass it (out/in)",
 }
-NOT_DEPLOY_ROLES = {"node_metrics", "monitoring_server"}
-
 # variable -> (a bad value, a piece of the sentence that refuses it)
 BAD: dict[str, tuple[object, str]] = {
     # moefleet_common
@@ -164,6 +170,36 @@ BAD: dict[str, tuple[object, str]] = {
     "sglang_router_drain_timeout": (0, "from 1 to 86400"),
     "sglang_router_join_timeout": (0, "from 1 to 86400"),
     "sglang_router_guard_interval": (0, "from 1 to 3600"),
+    # node_metrics (playbooks/monitoring.yml's first play)
+    "node_metrics_port": (0, "set it to a whole number from 1 to 65535"),
+    "node_metrics_textfile_dir": ("var/lib/node-exporter", "set it to an absolute path"),
+    "node_metrics_gpu_collector": ("dcgm-exporter", "must be one of: nvidia-smi, dcgm, none"),
+    "node_metrics_gpu_interval": (0, "set it to a whole number from 1 to 3600"),
+    "node_metrics_dcgm_port": (70000, "set it to a whole number from 1 to 65535"),
+    "node_metrics_state": ("maybe", "not a valid boolean"),
+    "node_metrics_facts_dir": ("/etc/ansible/../facts.d", "set it to an absolute path"),
+    # monitoring_server (there too, on the hosts of group monitoring)
+    "monitoring_server_config_dir": ("prometheus", "set it to an absolute path"),
+    "monitoring_server_port": (-1, "set it to a whole number from 1 to 65535"),
+    "monitoring_server_alertmanager_port": ("9093/tcp", "set it to a whole number from 1 to 65535"),
+    "monitoring_server_scrape_interval": ("15", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_evaluation_interval": ("0s", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_retention": ("15 days", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_alert_webhook_url": ("hooks.example.com/T0", "set it to an http:// or https:// URL"),
+    "monitoring_server_worker_group": ("gpu workers", "the inventory group of the workers"),
+    "monitoring_server_router_group": ("smg-gateways", "the inventory group of the gateways"),
+    "monitoring_server_down_for": ("1.5m", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_kv_usage_threshold": (95, "set it to a fraction of the KV cache in use, from 0 to 1"),
+    "monitoring_server_queue_threshold": (0, "set it to a whole number from 1 to 1000000"),
+    "monitoring_server_pressure_for": ("5 minutes", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_ttft_p99_seconds": (400, "from 1 to 399 (SGLang's first-token histogram ends at 400 s)"),
+    "monitoring_server_itl_p99_seconds": (0, "set it to a number of seconds, from 0.001 to 60"),
+    "monitoring_server_latency_for": ("m10", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_gpu_temperature_celsius": (870, "set it to a whole number from 1 to 120"),
+    "monitoring_server_xid_window": ("", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_maintenance_gap": ("30", "set it to a Prometheus duration such as 30s"),
+    "monitoring_server_maintenance_max_seconds": (0, "set it to a whole number from 60 to 2592000"),
+    "monitoring_server_runtime_failure_window_seconds": ("30m", "set it to a whole number from 60 to 2592000"),
     # the playbooks' per-host inputs (moefleet_host_inputs_spec)
     "moefleet_allow_unfit": ("sure", "not a valid boolean"),
     "moefleet_gpu_memory_gib": (0, "from 1 to 4096"),
@@ -218,7 +254,7 @@ def options(role: str) -> dict:
 
 
 def role_of(name: str) -> str | None:
-    return next((role for role in [*HOST_ROLES, *ROUTER_ROLES] if name in options(role)), None)
+    return next((role for role in [*HOST_ROLES, *ROUTER_ROLES, *MONITORING_ROLES] if name in options(role)), None)
 
 
 def refusals(name: str, value: object) -> list[str]:
@@ -244,15 +280,14 @@ def refusals(name: str, value: object) -> list[str]:
 def spec_variables() -> set[str]:
     names = set(HOST_SPEC)
     for role in sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists()):
-        if role not in NOT_DEPLOY_ROLES:
-            names |= set(options(role))
+        names |= set(options(role))
     return names - set(NOT_CHECKED_BY_VALIDATE)
 
 
 def test_every_input_has_a_bad_value():
     """A variable added to an argument spec (or to the playbooks' inputs) without a row here fails this test."""
     assert sorted(spec_variables() - set(BAD)) == [], "add a bad value for these, and a check that refuses it"
-    assert sorted(set(BAD) - spec_variables()) == [], "these rows name no variable of a spec validate.yml checks"
+    assert sorted(set(BAD) - spec_variables()) == [], "these rows name no variable of a spec the playbooks check"
     assert set(BAD_RUN) == set(playbook_inputs.INPUTS)
 
 
@@ -355,7 +390,59 @@ def test_a_sweep_input_in_the_inventory_is_refused_saying_why():
 
 def test_validate_yml_checks_every_role_the_playbooks_run_on_hosts():
     roles = {p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists()}
-    assert set(HOST_ROLES) | set(ROUTER_ROLES) == roles - NOT_DEPLOY_ROLES - {"router_membership"}
+    assert set(HOST_ROLES) | set(ROUTER_ROLES) | set(MONITORING_ROLES) == roles - {"router_membership"}
+
+
+def _imports(play: dict) -> list[str]:
+    return [task.get("ansible.builtin.import_tasks") for task in play.get("tasks") or []]
+
+
+def _roles(play: dict) -> set[str]:
+    return {entry["role"] if isinstance(entry, dict) else entry for entry in play.get("roles") or []}
+
+
+def _roles_checked(play: dict, groups: list[str]) -> list[str]:
+    """moefleet_input_roles as the check play gives it to a host of ``groups``."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    value = play["vars"]["moefleet_input_roles"]
+    if isinstance(value, list):
+        return value
+    return Templar(loader=DataLoader(), variables={"group_names": groups}).template(trust_as_template(value))
+
+
+def _pattern_groups(pattern: str) -> set[str]:
+    return {part for part in pattern.split(":") if part and not part.startswith("!")}
+
+
+def test_monitoring_yml_checks_its_roles_inputs_first_on_the_controller():
+    """Its first play checks, for every host a later play runs a role on, that role's inputs with the task file
+    validate.yml's router play runs, without contacting the host (no facts; validate_argument_spec and assert are
+    the controller's), and one host's refusal stops the run before any play changes a host."""
+    check, *plays = MONITORING
+    assert _imports(ROUTER_PLAY) == [ROLE_INPUTS] and _imports(check) == [ROLE_INPUTS]
+    assert check["gather_facts"] is False and check["any_errors_fatal"] is True
+    assert set().union(*(_pattern_groups(play["hosts"]) for play in plays)) == _pattern_groups(check["hosts"])
+    for play in plays:
+        for group in _pattern_groups(play["hosts"]):
+            assert _roles(play) <= set(_roles_checked(check, [group])), (play["name"], group)
+    assert set(_roles_checked(check, ["monitoring"])) == set(MONITORING_ROLES)
+    assert _roles_checked(check, ["blackwell"]) == ["node_metrics"]
+    tasks = yaml.safe_load((ROOT / "playbooks" / ROLE_INPUTS).read_text())
+    actions = {key for task in tasks for key in task if key.startswith("ansible.builtin.")}
+    assert actions == {"ansible.builtin.validate_argument_spec", "ansible.builtin.assert"}
+
+
+def test_monitoring_files_yml_checks_what_it_writes_the_files_from():
+    """The scraped hosts' node_metrics inputs and the controller's monitoring_server inputs, before any file."""
+    check, write = MONITORING_FILES
+    assert _imports(check) == [ROLE_INPUTS] and _roles_checked(check, ["blackwell"]) == ["node_metrics"]
+    assert check["gather_facts"] is False and check["any_errors_fatal"] is True
+    steps = [task.get("ansible.builtin.import_tasks") or task["name"] for task in write["tasks"]]
+    assert steps.index(ROLE_INPUTS) < steps.index("Write them")
+    (checked,) = [task for task in write["tasks"] if task.get("ansible.builtin.import_tasks") == ROLE_INPUTS]
+    assert checked["vars"]["moefleet_input_roles"] == ["monitoring_server"]
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
@@ -374,14 +461,15 @@ def test_a_bad_value_of_each_run_input_is_refused_naming_it(name):
 
 def test_the_roles_defaults_pass_every_check():
     """The rules refuse no role's own default (those that are no template of other variables)."""
-    for role in [*HOST_ROLES, *ROUTER_ROLES]:
+    for role in [*HOST_ROLES, *ROUTER_ROLES, *MONITORING_ROLES]:
         defaults = role_defaults(role)
         plain = {k: v for k, v in defaults.items() if k in options(role) and not (isinstance(v, str) and "{{" in v)}
         assert playbook_inputs.input_problems(plain, options(role), "gpu-1", CATALOG) == [], role
 
 
 SHIPPED = ["inventory/example/group_vars/blackwell/main.yml", "inventory/sim/group_vars/all.yml",
-           "inventory/example/group_vars/routers/main.yml", "inventory/sim/group_vars/routers.yml"]
+           "inventory/example/group_vars/routers/main.yml", "inventory/sim/group_vars/routers.yml",
+           "inventory/sim/group_vars/monitoring.yml"]
 
 
 @pytest.mark.parametrize("path", SHIPPED)
@@ -392,7 +480,7 @@ def test_the_shipped_inventories_pass_every_check(path):
     values = {k: v for k, v in (yaml.safe_load(file.read_text()) or {}).items()
               if not (isinstance(v, str) and "{{" in v)}
     spec = dict(HOST_SPEC)
-    for role in [*HOST_ROLES, *ROUTER_ROLES]:
+    for role in [*HOST_ROLES, *ROUTER_ROLES, *MONITORING_ROLES]:
         spec.update(options(role))
     assert playbook_inputs.input_problems(values, spec, "gpu-1", CATALOG) == []
 
@@ -429,6 +517,20 @@ def test_a_secret_is_never_echoed():
     assert found and not any("sentinel" in s for s in found)
     found = refusals("sglang_router_admin_key", {"key": "sk-sentinel-7f3a"})
     assert found and not any("sentinel" in s for s in found)
+    # a webhook URL carries its token in the path (its spec says no_log)
+    for bad in ("hooks.example.com/services/sentinel-7f3a", {"url": "https://hooks.example.com/sentinel-7f3a"}):
+        found = refusals("monitoring_server_alert_webhook_url", bad)
+        assert found and not any("sentinel" in s for s in found)
+
+
+@pytest.mark.parametrize("value", ["15s", "5m", "1h30m", "15d", "2w", "500ms", "1y"])
+def test_prometheus_durations_pass(value):
+    assert refusals("monitoring_server_retention", value) == []
+
+
+def test_an_empty_webhook_url_sends_alerts_nowhere_and_passes():
+    assert refusals("monitoring_server_alert_webhook_url", "") == []
+    assert refusals("monitoring_server_alert_webhook_url", "https://hooks.example.com/services/T0/B1") == []
 
 
 def test_context_length_zero_is_the_models_own_and_passes():
