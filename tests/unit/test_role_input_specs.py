@@ -40,9 +40,9 @@ def role_errors(role: str, values: dict) -> list[str]:
 
 
 def test_validate_yml_checks_every_role_deploy_runs_on_the_hosts():
-    # sglang_router runs on the routers (rollout.yml), where Ansible checks its spec as the role starts;
+    # sglang_router runs on the routers: validate.yml's router play checks its inputs (playbooks/tasks/role_inputs.yml);
     # router_membership's one input is the playbooks' (state: out|in), not the operator's; node_metrics and
-    # monitoring_server run from playbooks/monitoring.yml, not deploy, and Ansible checks their specs as they start.
+    # monitoring_server run from playbooks/monitoring.yml, not deploy, whose first play checks them the same way.
     not_operators = {"sglang_router", "router_membership", "node_metrics", "monitoring_server"}
     assert sorted(HOST_PLAY["vars"]["moefleet_host_roles"]) == [r for r in ROLES if r not in not_operators]
 
