@@ -893,20 +893,18 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
     assert paged == [], paged
 
 
-def test_a_rollout_that_rotates_the_key_completes(routed_lab, record_property):
+def test_a_rollout_that_rotates_the_key_completes(routed_lab):
     """The operator sets a new key for the workers and the gateway (host variables here, over the lab's group
     variables) and rolls out: each worker is drained with the key its server runs with, restarts with the new one and
     is put back with it; the gateway keeps the clients' old key until the last worker is back, then switches and
     routes to every worker with the new key. Afterwards every worker takes the new key only, and so does the gateway.
-    Under load with the old key: the requests smg sends a worker already rolled get 401 (smg 1.13 forwards the
-    client's key), counted and printed, not asserted (README, "Rotating the workers' key")."""
+    No load here: under load with the old key the requests smg sends a worker already rolled fail (smg 1.13 forwards
+    the client's key; measured once, 350 of 740 over a 3-worker rotation: README, "Rotating the workers' key"), and a
+    load would only make the drains wait."""
     inventory, router_url = routed_lab
     urls = _worker_urls(inventory)
     _rotate_key(inventory, NEW_KEY)
-    result, load = _rollout_under_load(inventory, router_url, "profile=tp8", client_key=WORKER_KEY)
-    record_property("figure", f"router lab: a key rotation of 3 workers under load with the old key: {load['ok']} of "
-                              f"{load['sent']} answered, {load['failed']} failed {load['failures']}, "
-                              f"{load['rollout_s']} s")
+    result = run_playbook(inventory, "playbooks/rollout.yml", "profile=tp8", "confirm=yes", EXTRA, options=SERVE_ONLY)
     assert result.returncode == 0, result.stdout[-4000:]
     KEYS["worker"] = NEW_KEY
     for url in urls.values():  # every worker serves with the new key, and refuses the old one
