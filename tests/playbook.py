@@ -56,3 +56,13 @@ def on_host(inventory: str | Path, host: str, command: str, timeout: float = 300
     result = subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), host, command], text=True,
                             capture_output=True, timeout=timeout)
     return result.stdout + result.stderr
+
+
+def no_host_contacted(run: subprocess.CompletedProcess, first_changing_play: str) -> str:
+    """A playbook run on hosts that must never be contacted (TEST-NET addresses): no host was reached, and the first
+    play that would change a host (its PLAY title's start) never began. The output, whitespace folded."""
+    recap = run.stdout.split("PLAY RECAP")[-1]
+    assert "UNREACHABLE!" not in run.stdout and "unreachable=1" not in recap, "a host was contacted"
+    assert "unreachable=0" in recap, run.stdout[-3000:]
+    assert f"PLAY [{first_changing_play}" not in run.stdout, f"{first_changing_play!r} started"
+    return " ".join(run.stdout.split())

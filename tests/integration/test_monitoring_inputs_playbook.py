@@ -7,11 +7,10 @@ every input's bad value against the same code (playbooks/tasks/role_inputs.yml) 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from playbook import run_playbook
+from playbook import no_host_contacted, run_playbook
 
 FLEET = ("all:\n  children:\n    blackwell:\n      hosts:\n        worker-1:\n          ansible_host: 192.0.2.1\n"
          "    routers:\n      hosts:\n        router-1:\n          ansible_host: 192.0.2.2\n"
@@ -27,19 +26,11 @@ def fleet(tmp_path_factory) -> Path:
     return path
 
 
-def no_host_contacted(run: subprocess.CompletedProcess) -> str:
-    recap = run.stdout.split("PLAY RECAP")[-1]
-    assert "UNREACHABLE!" not in run.stdout and "unreachable=1" not in recap, "a host was contacted"
-    assert "unreachable=0" in recap, run.stdout[-3000:]
-    assert "PLAY [Machine, GPU and moefleet metrics on the workers]" not in run.stdout, "a role's play started"
-    return " ".join(run.stdout.split())
-
-
 def test_a_bad_monitoring_input_is_refused_before_any_host(fleet):
     bad = {"node_metrics_port": 0, "monitoring_server_retention": "15 days",
            "monitoring_server_alert_webhook_url": f"hooks.example.com/services/{TOKEN}"}
     run = run_playbook(fleet, "playbooks/monitoring.yml", json.dumps(bad), timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Machine, GPU and moefleet metrics on the workers")
     assert run.returncode != 0
     port = "node_metrics_port is 0; set it to a whole number from 1 to 65535."
     assert f"worker-1: {port}" in out and f"router-1: {port}" in out
@@ -61,7 +52,7 @@ def test_an_inventory_value_is_refused_for_its_host(tmp_path):
                          .replace("ansible_host: 192.0.2.1\n",
                                   "ansible_host: 192.0.2.1\n          node_metrics_textfile_dir: textfiles\n"))
     run = run_playbook(inventory, "playbooks/monitoring.yml", timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Machine, GPU and moefleet metrics on the workers")
     assert run.returncode != 0
     assert "prom-1: monitoring_server_port is 99999; set it to a whole number from 1 to 65535." in out
     assert "worker-1: node_metrics_textfile_dir is 'textfiles'; set it to an absolute path" in out
@@ -72,7 +63,7 @@ def test_monitoring_files_refuses_a_bad_input_before_writing_a_file(fleet, tmp_p
     out_dir = tmp_path / "files"
     run = run_playbook(fleet, "playbooks/monitoring_files.yml", f"monitoring_files_dir={out_dir}",
                        "monitoring_server_down_for=1.5m", timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Machine, GPU and moefleet metrics on the workers")
     assert run.returncode != 0
     assert "localhost: monitoring_server_down_for is '1.5m'; set it to a Prometheus duration" in out
     assert not (out_dir / "prometheus.yml").exists()

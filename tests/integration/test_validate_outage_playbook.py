@@ -8,11 +8,10 @@ against the same code without a run each."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from playbook import run_playbook
+from playbook import no_host_contacted, run_playbook
 
 ROUTED = ("all:\n  children:\n    blackwell:\n      hosts:\n"
           "        unreachable-1:\n          ansible_host: 192.0.2.1\n          sglang_profile: tp8\n"
@@ -29,16 +28,9 @@ def routed(tmp_path_factory) -> Path:
     return path
 
 
-def no_host_contacted(run: subprocess.CompletedProcess) -> str:
-    recap = run.stdout.split("PLAY RECAP")[-1]
-    assert "UNREACHABLE!" not in run.stdout and "unreachable=1" not in recap, "a host was contacted"
-    assert "PLAY [Install, check and serve" not in run.stdout, "the serving play started"
-    return " ".join(run.stdout.split())
-
-
 def test_deploy_behind_routers_is_refused_before_any_host_naming_both_ways(routed):
     run = run_playbook(routed, "deploy.yml", "profile=ep8", timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Install, check and serve")
     assert run.returncode != 0
     assert ("deploy.yml would restart 2 of the 2 workers behind the routers (router-1) without taking them out of the "
             "routers first (moefleet_through_routers is off), leaving 0 serving") in out
@@ -49,7 +41,7 @@ def test_deploy_behind_routers_is_refused_before_any_host_naming_both_ways(route
 def test_a_maintenance_window_is_announced_as_an_outage(routed):
     run = run_playbook(routed, "playbooks/validate.yml", "profile=ep8", "moefleet_serving_playbook=deploy.yml",
                        "moefleet_maintenance_window=true", timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Install, check and serve")
     assert run.returncode == 0, out[-3000:]
     assert "Maintenance window (moefleet_maintenance_window=true): 2 of the 2 workers behind the routers (router-1) " \
            "restart without being taken out of the routers first, 0 left serving" in out
@@ -57,7 +49,7 @@ def test_a_maintenance_window_is_announced_as_an_outage(routed):
 
 def test_a_rollout_that_drains_every_worker_at_once_is_refused(routed):
     run = run_playbook(routed, "playbooks/rollout.yml", "profile=ep8", "moefleet_max_unavailable=100%", timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Install, check and serve")
     assert run.returncode != 0
     assert ("moefleet_max_unavailable=100% would take 2 of the 2 workers of this run out of the routers (router-1) at "
             "once, leaving 0 of the 2 workers behind them serving") in out
@@ -69,7 +61,7 @@ def test_inputs_that_reached_hosts_unchecked_are_refused_each_with_its_fix(route
            "sglang_service_host": "not an address", "sglang_service_stop_timeout": 0,
            "sglang_service_ready_timeout": -5, "sglang_service_context_length": -1}
     run = run_playbook(routed, "playbooks/validate.yml", "profile=tp8", json.dumps(bad), timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Install, check and serve")
     assert run.returncode != 0 and "unreachable-1: " in out
     for sentence in (
         "sglang_service_nccl_set is 'pcie_p2pp', which is no NCCL set of the catalog; set it to one "
@@ -87,7 +79,7 @@ def test_inputs_that_reached_hosts_unchecked_are_refused_each_with_its_fix(route
 def test_the_routers_inputs_are_checked_before_any_host(routed):
     run = run_playbook(routed, "playbooks/validate.yml", "profile=tp8", "sglang_router_port=0",
                        "sglang_router_policy=fastest", timeout=60)
-    out = no_host_contacted(run)
+    out = no_host_contacted(run, "Install, check and serve")
     assert run.returncode != 0
     assert "router-1: " in out and "sglang_router_port is '0'; set it to a whole number from 1 to 65535" \
         in out
