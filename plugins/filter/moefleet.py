@@ -1,10 +1,11 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
 profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
-.fallback_ladder, .opening_attempt, .next_step, .max_remedies, .rollback_summary, .history, .attempt; the
-documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one composition of an SGLang
-server's URL; .model_flags, the served model's parsers and sampling flags; .metrics_flags, SGLang's metrics
-flags; .scrape_targets, Prometheus's targets from the inventory; and for the controller checks
-moefleet.serving.host_inputs, .origins, .playbook_input_problems, .input_problems and .outage."""
+.fallback_ladder, .opening_attempt, .next_step, .rollback_summary, .history, .attempt; .unit_with_credential and
+.unit_without_credential, the restored unit with today's key; the documents a host keeps and reports, .local_facts
+and .status_entry; .worker_url, the one composition of an SGLang server's URL; .model_flags, the served model's
+parsers and sampling flags; .metrics_flags, SGLang's metrics flags; .scrape_targets, Prometheus's targets from the
+inventory; and for the controller checks moefleet.serving.host_inputs, .origins, .playbook_input_problems,
+.input_problems and .outage."""
 
 from __future__ import annotations
 
@@ -80,11 +81,6 @@ def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None):
         raise AnsibleFilterError(f"moefleet.serving.next_step: {exc}") from None
 
 
-def max_remedies(ladder):
-    """How many remedies the rollback may start after the first start on ``ladder`` (its loop's bound)."""
-    return rollback.max_remedies(ladder)
-
-
 def local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now):
     """The host's local facts after a run (schemas/local_facts.schema.json)."""
     return host_state.local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now)
@@ -131,6 +127,46 @@ def history(attempts, now):
 def attempt(record):
     """What a unit runs (profile, tuning, NCCL set), without outcome and bookkeeping."""
     return rollback.attempt_only(record)
+
+
+_CREDENTIAL = "sglang-secrets.yaml"
+
+
+def unit_with_credential(text, source, redact):
+    """A sglang.service text (the role's template's shape) that serves with the API key credential: LoadCredential=
+    of SOURCE where the template writes it (before the first ExecStartPre= or ExecStart=), and an ExecStart= whose
+    command runs behind the output filter REDACT and reads the key with --config.
+    A text that has the credential already comes back as it is. For the restore of a unit rendered while no key was
+    set (roles/sglang_service/tasks/restore.yml): without these lines it would serve without the key."""
+    lines = str(text).split("\n")
+    if any(line.startswith(f"LoadCredential={_CREDENTIAL}:") for line in lines):
+        return text
+    starts = [n for n, line in enumerate(lines) if line.startswith("ExecStart=")]
+    if len(starts) != 1:
+        raise AnsibleFilterError(f"unit_with_credential: the unit has {len(starts)} ExecStart= lines, not one")
+    n = starts[0]
+    lines[n] = f"ExecStart={redact} %d/{_CREDENTIAL} -- {lines[n][len('ExecStart='):]} --config %d/{_CREDENTIAL}"
+    first = next(k for k, line in enumerate(lines) if line.startswith(("ExecStartPre=", "ExecStart=")))
+    lines.insert(first, f"LoadCredential={_CREDENTIAL}:{source}")
+    return "\n".join(lines)
+
+
+def unit_without_credential(text, redact):
+    """A sglang.service text that serves without an API key: no LoadCredential= of the key, no output filter REDACT
+    before the command, no --config of the credential. The inverse of unit_with_credential, for the restore of a
+    unit rendered while a key was set, now that none is (LoadCredential= would fail on the removed file)."""
+    prefix = f"ExecStart={redact} %d/{_CREDENTIAL} -- "
+    suffix = f" --config %d/{_CREDENTIAL}"
+    out = []
+    for line in str(text).split("\n"):
+        if line.startswith(f"LoadCredential={_CREDENTIAL}:"):
+            continue
+        if line.startswith(prefix):
+            line = "ExecStart=" + line[len(prefix):]
+            if line.endswith(suffix):
+                line = line[:-len(suffix)]
+        out.append(line)
+    return "\n".join(out)
 
 
 def host_inputs(hosts, hostvars, names):
@@ -361,7 +397,8 @@ class FilterModule:
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,
             "next_step": next_step,
-            "max_remedies": max_remedies,
+            "unit_with_credential": unit_with_credential,
+            "unit_without_credential": unit_without_credential,
             "local_facts": local_facts,
             "status_entry": status_entry,
             "rollback_summary": rollback_summary,

@@ -118,8 +118,9 @@ def _halved(current: Mapping[str, Any], flags: Mapping[str, Any], flag: str, sta
 
 def max_remedies(ladder: Sequence[str]) -> int:
     """The most starts next_step can ask for after the first start: each rung of the ladder once, and each of
-    RETUNES once on each rung. The loop that runs the remedies (roles/sglang_service/tasks/start.yml, a pass each)
-    has this many passes; next_step answers "restore" before it runs out."""
+    RETUNES once on each rung. The passes that run the remedies (roles/sglang_service/tasks/start.yml, one each,
+    each including the next while next_step says "start") end within this many: next_step answers "restore" first
+    (tests/unit/test_rollback.py)."""
     return len(ladder) * (1 + len(RETUNES)) - 1
 
 

@@ -142,8 +142,9 @@ def test_a_record_from_older_code_restores_its_separate_unit_file(host):
 
 
 def test_a_failure_inside_the_rollback_restores_the_last_good_unit(host):
-    # Once the start began, systemd-analyze (the unit checker's) fails: rendering the fallback's unit fails
-    # inside the rollback, and the start's rescue (tasks/start.yml) restores the last unit that served.
+    # Once the start began, systemd-analyze (the unit checker's) refuses the next unit it is given: the fallback's,
+    # inside the rollback, and the pass's rescue (tasks/start.yml) restores the last unit that served. Only that one:
+    # the restore writes the last good unit through the same checker (tasks/restore.yml), which passes it.
     before = invocation(host)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         run = pool.submit(deploy, "profile=tp8", faults(("oom_weight_load", "tp8")))
@@ -151,12 +152,13 @@ def test_a_failure_inside_the_rollback_restores_the_last_good_unit(host):
             while invocation(host) == before and not run.done():
                 time.sleep(0.2)
             host.check_output("mv /usr/bin/systemd-analyze /usr/bin/systemd-analyze.moved && "
-                              "printf '#!/bin/sh\\nexit 1\\n' > /usr/bin/systemd-analyze && "
+                              "printf '#!/bin/sh\\nmkdir /run/refused-once 2>/dev/null && exit 1\\n"
+                              "exec /usr/bin/systemd-analyze.moved \"$@\"\\n' > /usr/bin/systemd-analyze && "
                               "chmod 755 /usr/bin/systemd-analyze")
             rc, out, _ = run.result()
         finally:
             host.run("test -e /usr/bin/systemd-analyze.moved && mv -f /usr/bin/systemd-analyze.moved "
-                     "/usr/bin/systemd-analyze")
+                     "/usr/bin/systemd-analyze; rmdir /run/refused-once")
     assert rc != 0
     said = " ".join(out.split())
     assert "The rollback itself failed at" in said and "Install sglang.service" in said, out[-3000:]
