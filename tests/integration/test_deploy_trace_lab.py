@@ -49,7 +49,7 @@ def test_a_profile_switch_reads_each_file_once(lab_inventory, tmp_path, monkeypa
     monkeypatch.setenv("ANSIBLE_CALLBACKS_ENABLED", "moefleet.serving.moefleet_report,task_files")
     monkeypatch.setenv("MOEFLEET_TASK_TRACE", str(trace))
     deploy(lab_inventory, "tp2ep4")
-    found = summarize(json.loads(trace.read_text()), str(ROOT))
+    found = summarize(json.loads(trace.read_text())["tasks"], str(ROOT))
     print("task files entered, in order:")
     seen = set()
     for n, name in enumerate(found["entries"], 1):

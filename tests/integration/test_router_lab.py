@@ -54,6 +54,9 @@ from key_search import key_hits  # noqa: E402
 from playbook import ROOT, SERVE_ONLY, on_host, run_playbook, ssh_config_path  # noqa: E402
 from router_load import Load, percentile  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "callbacks"))
+from task_files import summarize  # noqa: E402  (tests/callbacks/task_files.py)
+
 pytestmark = pytest.mark.lab
 
 LAB = "rtrt"
@@ -893,20 +896,42 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
     assert paged == [], paged
 
 
-def test_a_rollout_that_rotates_the_key_completes(routed_lab):
+def test_a_rollout_that_rotates_the_key_completes(routed_lab, tmp_path, monkeypatch):
     """The operator sets a new key for the workers and the gateway (host variables here, over the lab's group
     variables) and rolls out: each worker is drained with the key its server runs with, restarts with the new one and
     is put back with it; the gateway keeps the clients' old key until the last worker is back, then switches and
     routes to every worker with the new key. Afterwards every worker takes the new key only, and so does the gateway.
     No load here: under load with the old key the requests smg sends a worker already rolled fail (smg 1.13 forwards
     the client's key; measured once, 350 of 740 over a 3-worker rotation: README, "Rotating the workers' key"), and a
-    load would only make the drains wait."""
+    load would only make the drains wait.
+
+    The fleet's path through the code, traced per worker (tests/callbacks/task_files.py, as
+    test_deploy_trace_lab.py traces a plain deploy): a worker's batch enters router_membership's file once to go out
+    and once to come back, and no file more than twice (caps with their reasons below)."""
     inventory, router_url = routed_lab
     urls = _worker_urls(inventory)
     _rotate_key(inventory, NEW_KEY)
+    trace = tmp_path / "trace.json"
+    # run_playbook passes the environment on; the repository's own callback stays enabled beside the tracer
+    monkeypatch.setenv("ANSIBLE_CALLBACK_PLUGINS", str(ROOT / "tests" / "callbacks"))
+    monkeypatch.setenv("ANSIBLE_CALLBACKS_ENABLED", "moefleet.serving.moefleet_report,task_files")
+    monkeypatch.setenv("MOEFLEET_TASK_TRACE", str(trace))
     result = run_playbook(inventory, "playbooks/rollout.yml", "profile=tp8", "confirm=yes", EXTRA, options=SERVE_ONLY)
     assert result.returncode == 0, result.stdout[-4000:]
     KEYS["worker"] = NEW_KEY
+    per_host = json.loads(trace.read_text())["hosts"]
+    for host in WORKERS:
+        found = summarize(per_host[host], str(ROOT))
+        again = {name: found["reentries"].count(name) for name in found["reentries"]}
+        print(f"{host}: {len(found['entries'])} entries of {len(found['files'])} task files; re-entered: {again}")
+        for n, name in enumerate(found["entries"], 1):
+            print(f"  {n:3} {name}")
+        # A worker's rollout is the plain deploy's path (test_deploy_trace_lab.py: at most 25 files) between its
+        # drain and its return, plus router_membership's one file: at most 26.
+        assert len(found["files"]) <= 26, found["files"]
+        # router_membership's file twice (out, then back in); any other file entered again at most once more.
+        assert max(again.values(), default=0) <= 1, found["entries"]
+        assert not [f for f in found["reentries"] if f.startswith("roles/sglang_service/")], found["entries"]
     for url in urls.values():  # every worker serves with the new key, and refuses the old one
         assert _answer_code(url, NEW_KEY) == 200 and _answer_code(url, WORKER_KEY) == 401, url
     assert _routed_to(router_url, WORKER_KEY) == "HTTP 401"  # the gateway switched after the last worker
