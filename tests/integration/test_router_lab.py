@@ -896,7 +896,7 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
     assert paged == [], paged
 
 
-def test_a_rollout_that_rotates_the_key_completes(routed_lab, tmp_path, monkeypatch):
+def test_a_rollout_that_rotates_the_key_completes(routed_lab, tmp_path, monkeypatch, record_property):
     """The operator sets a new key for the workers and the gateway (host variables here, over the lab's group
     variables) and rolls out: each worker is drained with the key its server runs with, restarts with the new one and
     is put back with it; the gateway keeps the clients' old key until the last worker is back, then switches and
@@ -924,6 +924,8 @@ def test_a_rollout_that_rotates_the_key_completes(routed_lab, tmp_path, monkeypa
         found = summarize(per_host[host], str(ROOT))
         again = {name: found["reentries"].count(name) for name in found["reentries"]}
         print(f"{host}: {len(found['entries'])} entries of {len(found['files'])} task files; re-entered: {again}")
+        record_property("figure", f"router lab: a routed rollout's path on {host}: {len(found['files'])} task files, "
+                                  f"{len(found['entries'])} entries, re-entered {again or 'none'}")
         for n, name in enumerate(found["entries"], 1):
             print(f"  {n:3} {name}")
         # A worker's rollout is the plain deploy's path (test_deploy_trace_lab.py: at most 25 files) between its
