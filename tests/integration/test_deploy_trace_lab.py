@@ -3,7 +3,8 @@
 follows it reads at most 25 task files, at most 5 of them the sglang_service role's (its tasks/main.yml steps,
 docs/architecture.md), and comes back to a file already left at most twice (none inside sglang_service). (25 since
 issue 24: the refusal of a host the fault watcher found unfit, roles/moefleet_common/tasks/fit.yml, and the watcher,
-roles/fault_watch/tasks/main.yml, are one file each; 23 were read before.)
+roles/fault_watch/tasks/main.yml, are one file each; 23 were read before.) A rollout behind the gateway is traced per
+worker by test_router_lab.py's key rotation (no file entered more than twice by one worker).
 
 Two deploys: tp8 with --skip-tags install (the host is from the installed-base image), then the traced switch, which
 runs the whole path. It runs last in this directory (conftest.py) and leaves itest-1 serving tp2ep4.
