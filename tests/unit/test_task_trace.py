@@ -46,8 +46,12 @@ def test_the_callback_records_task_files_in_order_without_generated_tasks(tmp_pa
     monkeypatch.setenv("MOEFLEET_TASK_TRACE", str(trace))
     done = run_playbook("localhost,", play, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    found = summarize(json.loads(trace.read_text()), str(tmp_path))
+    recorded = json.loads(trace.read_text())
+    found = summarize(recorded["tasks"], str(tmp_path))
     # the role (not its argument check, whose path is the play's), the play's file (First, the include, Last), the
     # included file once for both passes, then the play's again
     assert found["entries"] == ["roles/checked/tasks/main.yml", "play.yml", "inner.yml", "play.yml"], found
     assert found["reentries"] == ["play.yml"]
+    # the same path as the one host ran it: each task it ran, the included file's once per pass
+    assert summarize(recorded["hosts"]["localhost"], str(tmp_path)) == found
+    assert [p for p in recorded["hosts"]["localhost"] if p.endswith("inner.yml")] == [str(tmp_path / "inner.yml")] * 2
