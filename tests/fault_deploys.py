@@ -1,5 +1,5 @@
-"""How the fault scenarios (molecule/rollback, molecule/recovery) deploy to their lab host and read it back:
-ansible-playbook deploy.yml against the scenario's inventory with `sim_faults` given by -e, then testinfra for
+"""How the fault scenario (molecule/rollback: its recovery and rollback tests) deploys to its lab host and reads it
+back: ansible-playbook deploy.yml against the scenario's inventory with `sim_faults` given by -e, then testinfra for
 what the unit runs, what serves, and the moefleet local facts (held to their schema at every read)."""
 
 from __future__ import annotations

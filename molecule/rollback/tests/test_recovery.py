@@ -2,10 +2,11 @@
 where the last one left the host): GPU memory held by a leftover process (the service user's, cleaned; someone
 else's, refused), OOMs while serving (systemd restarts the unit; repeated ones retune the next deploy), a failed
 start that stays failed, a package install cut short, a record written by older code, and a failure inside the
-rollback itself. Converge deployed the lab's tp2ep4 (the last good unit). The start-up faults are
-molecule/rollback's (tests/fault_deploys.py deploys for both).
+rollback itself. Converge deployed the lab's tp2ep4 (the last good unit). The first of this scenario's two files
+(pytest runs them in name order); the start-up faults follow in test_rollback.py, on the same host
+(tests/fault_deploys.py deploys for both).
 
-Cost (a fresh-clone make test, beside two other jobs): 9.6 minutes for the scenario, converge included; each test
+Cost (a fresh-clone make test, beside two other jobs; measured when this was a scenario of its own): each test
 24-82 s (the interrupted package install, the whole path, 82 s), all deploys of one host.
 """
 

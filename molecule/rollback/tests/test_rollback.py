@@ -1,11 +1,12 @@
 """Start-up faults on a lab host, one deploy each, in order (each starts from where the last one left the host):
 the fallback ladder after a weight-load OOM, the retunes after KV-pool and CUDA-graph OOMs, a hang retried with
 P2P off, a crash restored to the last unit that served, wrong answers (the correctness gate) restored too, a
-busy port; then the unit's exposure score and its
-backups. The leftovers, runtime OOMs, interrupted installs and failures inside the rollback are
-molecule/recovery's: the two scenarios run side by side on hosts of their own (tests/fault_deploys.py deploys).
+busy port; then the unit's exposure score and its backups. They run after test_recovery.py (the leftovers, runtime
+OOMs, interrupted installs and failures inside the rollback) on the same host, from where a deploy of the lab's
+tp2ep4 leaves it (the module's fixture), as converge left it for the recovery tests: one scenario, one host, one
+converge (two scenarios side by side cost a second host's create, prepare, converge and destroy).
 
-Cost (a fresh-clone make test, beside two other jobs): 8.6 minutes for the scenario, converge included; each test
+Cost (a fresh-clone make test, beside two other jobs; measured when this was a scenario of its own): each test
 44-77 s (the hang, waiting out the readiness timeout, 77 s; a no-change rerun 44 s), serve-only deploys of one host.
 """
 
@@ -15,9 +16,21 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 from fault_deploys import deploy, facts, faults, invocation, serving_args  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serving_the_labs_profile(host):
+    """The host serves the lab's tp2ep4 as asked, as converge left it: test_recovery.py's last deploy left it restored
+    for an ask of tp8 with a fault, which a rerun of the same ask would keep (the sticky fallback)."""
+    rc, out, _ = deploy("profile=tp2ep4")
+    assert rc == 0, out[-3000:]
+    f = facts(host)
+    assert (f["asked_profile"], f["serving_profile"]) == ("tp2ep4", "tp2ep4"), f
 
 
 def test_weight_load_oom_falls_back_down_the_ladder(host):
