@@ -18,8 +18,9 @@ under load takes its host out of the router within a second, moefleet remediate 
 same fault right after keeps it out (and a deploy to it is refused) until a repair is declared, and a hang while
 serving is taken out and remediated the same way; every worker serves again after them.
 
-Then, with monitoring on, healthy-but-unusual hosts are left alone (a prefill that fails /health for twice the hang
-window, other devices' PCIe lines, an old fault before the deploy, a rollout whose gate sees realistic thoughts) and
+Then, with monitoring on, healthy-but-unusual hosts are left alone through a rollout under load (a prefill that fails
+/health for twice the hang window on the worker rolled first while the gate between batches asks it, other devices'
+PCIe lines, an old fault before the deploy, starts whose correctness gate sees realistic thoughts) and
 no worker holds the gateway's admin key; a rollout rotates the workers' and the gateway's key.
 
 Cost (issue 33, the job alone on the 2-core machine: 20.9 minutes in all): the fixture (3 workers from the installed
@@ -34,6 +35,7 @@ import base64
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -194,18 +196,21 @@ def _serves_the_model(router_url: str) -> bool:
 
 
 def _rollout_under_load(inventory: Path, router_url: str, *extra: str, client_key: str | None = None,
-                        from_first_worker: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+                        from_first_worker: bool = False, verbose: bool = False,
+                        log_path: Path | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """The rollout playbook on the installed workers as `moefleet rollout --serve-only` runs it (--skip-tags install),
     with bounded load chunks through the router from its start to its end (from_first_worker: from the moment the
     gateway, which the rollout installs, first lists a worker that serves the model), sent with ``client_key``
-    (default KEYS["worker"])."""
+    (default KEYS["worker"]); verbose: -v, which prints each task's result; log_path: where its output goes as it
+    runs (a temporary file by default)."""
     client_key = KEYS["worker"] if client_key is None else client_key
     cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "rollout.yml"),
-           *SERVE_ONLY, "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e))]
+           *SERVE_ONLY, "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e)),
+           *(["-v"] if verbose else [])]
     totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
     started = time.monotonic()
     # Its output goes to a file: a pipe read only at the end fills up and stops the playbook.
-    with tempfile.TemporaryFile("w+") as log:
+    with (open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")) as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), text=True, stdout=log, stderr=subprocess.STDOUT)
         chunks, latencies = [], []
         while proc.poll() is None or not chunks:
@@ -821,66 +826,98 @@ def _answer_code(url: str, key: str) -> int:
         return exc.code
 
 
+def _health_code(url: str) -> int:
+    """The status of one GET /health of a worker (0 when nothing answers)."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
 def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
-    """Every automatic action stays silent on the healthy hosts that look most like its fault, with monitoring on:
-    a prompt as long as the worker's KV cache holds, on an idle worker, whose prefill lasts more than twice the lab's
-    hang window (20 s) while its /health fails (each 8192-token chunk outlasts SGLang's wait for the scheduler, 2 s
-    here) and its chunks print progress; an NVMe drive's fatal AER error and a NIC's surprise link down in two
-    workers' kernel logs; each watcher restarted on a boot log that holds GPU 5's Xid 79 lines from before the
-    first deploy; then a rollout under load through the gateway, each start passing the correctness gate with K2.6's
-    own sampling and thoughts of realistic length. Ends with no host taken out, the rollout complete, every request
-    answered, and Alertmanager sending no critical alert at any moment of it."""
+    """Every automatic action stays silent on the healthy hosts that look most like its fault, with monitoring on,
+    through a rollout under load through the gateway: an NVMe drive's fatal AER error and a NIC's surprise link down
+    in two workers' kernel logs; each watcher restarted on a boot log that holds GPU 5's Xid 79 lines from before
+    the first deploy; and, on the worker rolled first, a prompt as long as its KV cache holds, sent when the second
+    batch reaches its fault watcher (the role's last tasks), so that the gate between batches ("every host done so
+    far still serves") asks the rolled worker while its prefill lasts more than twice the lab's hang window (20 s)
+    and its /health fails (each 8192-token chunk outlasts SGLang's wait for the scheduler, 2 s here) while its
+    chunks print progress: the gate counts it busy and serving (plugins/modules/sglang_serves.py). Each start passes
+    the correctness gate with K2.6's own sampling and thoughts of realistic length. Ends with no host taken out, the
+    rollout complete, every request answered, and Alertmanager sending no critical alert at any moment of it."""
     inventory, router_url = routed_lab
     urls = _worker_urls(inventory)
-    idle, nvme, nic = WORKERS
+    log = tmp_path / "rollout.log"
+    nvme, nic = WORKERS[1], WORKERS[2]
     paged: list[dict] = []
     stop = threading.Event()
+    prompt: dict = {}
 
     def watch_alerts():
         while not stop.is_set():
             paged.extend(a for a in _paging(router_url) if a not in paged)
             stop.wait(5)
 
-    watcher = threading.Thread(target=watch_alerts, daemon=True)
-    watcher.start()
-    try:
+    def long_prompt_while_the_next_batch_starts():
+        # The second batch reaching its fault watcher (the role's last tasks): the gate between batches follows
+        # within some 10 to 20 s, and asks the worker rolled first while its prefill lasts (45 s here).
+        anchor = "TASK [fault_watch : Ensure the watcher's directories exist]"
+        text = ""
+        while not stop.is_set() and text.count(anchor) < 2:
+            stop.wait(0.5)
+            text = log.read_text() if log.exists() else ""
+        if text.count(anchor) < 2:
+            return
+        rolled = prompt["host"] = re.search(rf"\[({LAB}-\d)\]", text[text.index(anchor):]).group(1)
         info = json.load(urllib.request.urlopen(urllib.request.Request(
-            f"{urls[idle]}/get_server_info", headers={"Authorization": f"Bearer {KEYS['worker']}"}), timeout=30))
-        tokens = min(28000, int(info["max_total_num_tokens"]) - 1000)
-        health_codes: list[int] = []
+            f"{urls[rolled]}/get_server_info", headers={"Authorization": f"Bearer {KEYS['worker']}"}), timeout=30))
+        prompt["tokens"] = min(28000, int(info["max_total_num_tokens"]) - 1000)
+        codes = prompt["health"] = []
+        done = threading.Event()
 
         def poll_health():
-            while not stop.is_set():
-                try:
-                    with urllib.request.urlopen(f"{urls[idle]}/health", timeout=10) as resp:
-                        health_codes.append(resp.status)
-                except urllib.error.HTTPError as exc:
-                    health_codes.append(exc.code)
-                except OSError:
-                    health_codes.append(0)
-                stop.wait(1)
+            while not done.is_set():
+                codes.append(_health_code(urls[rolled]))
+                done.wait(1)
 
-        poller = threading.Thread(target=poll_health, daemon=True)
         began = time.monotonic()
-        poller.start()
+        threading.Thread(target=poll_health, daemon=True).start()
+        try:
+            prompt["answer"] = _long_prompt(urls[rolled], prompt["tokens"])
+        finally:
+            done.set()
+            prompt["seconds"] = time.monotonic() - began
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (watch_alerts, long_prompt_while_the_next_batch_starts)]
+    for thread in threads:
+        thread.start()
+    try:
         for host, fault in ((nvme, "nvme-aer"), (nic, "nic-down")):
             _run(sys.executable, LAB_PY, "fault", host, fault)
         for host in WORKERS:
             on_host(inventory, host, "systemctl restart moefleet-fault-watch.service")
-        answer = _long_prompt(urls[idle], tokens)
-        prefill_s = time.monotonic() - began
-        print(f"{tokens}-token prompt on {idle}: answered after {prefill_s:.1f} s; /health meanwhile: "
-              f"{sum(c == 503 for c in health_codes)} x 503 of {len(health_codes)}")
-        assert answer["meta_info"]["prompt_tokens"] == tokens, answer["meta_info"]
-        assert prefill_s > 2 * 20, prefill_s  # more than twice the lab's hang window
-        assert health_codes.count(503) >= 10, health_codes  # SGLang's /health failed through much of it
-        result, load = _rollout_under_load(inventory, router_url, "profile=tp8")
+        result, load = _rollout_under_load(inventory, router_url, "profile=tp8", verbose=True, log_path=log)
+        threads[1].join(120)
     finally:
         stop.set()
-        watcher.join(30)
+        threads[0].join(30)
     assert result.returncode == 0, result.stdout[-4000:]
     assert load["failed"] == 0 and load["sent"] >= CHUNK, load
     assert "gate_inconclusive" not in result.stdout, result.stdout[-4000:]
+    rolled, codes = prompt.get("host"), prompt.get("health", [])
+    print(f"{prompt.get('tokens')}-token prompt on {rolled} while the next batch started: answered after "
+          f"{prompt.get('seconds', 0):.1f} s; /health meanwhile: {codes.count(503)} x 503 of {len(codes)}")
+    assert prompt.get("answer", {}).get("meta_info", {}).get("prompt_tokens") == prompt.get("tokens"), prompt
+    assert prompt["seconds"] > 2 * 20, prompt["seconds"]  # more than twice the lab's hang window
+    assert codes.count(503) >= 10, codes  # SGLang's /health failed through much of it
+    # The gate between batches asked the rolled worker during the prefill and counted it busy (-v shows its result,
+    # in YAML that wraps long lines).
+    said = " ".join(result.stdout.split())
+    assert f"{urls[rolled]}/health answered HTTP 503, but the scheduler printed a progress line" in said, \
+        result.stdout[-4000:]
     hosts = _status(inventory, tmp_path)
     assert {h: (hosts[h]["serving_profile"], hosts[h]["health"], hosts[h]["router"]) for h in WORKERS} == {
         h: ("tp8", "serving", "ready") for h in WORKERS}
