@@ -25,10 +25,11 @@ from ansible_collections.moefleet.serving.plugins.module_utils import (
     profiles,
     rollback,
     serving_model,
+    sglang_releases,
 )
 
 
-def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib=None):
+def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib=None, release=None):
     """Plan one layout: ``{{ config | moefleet.serving.plan(8, 94.97, profile.flags, catalog) }}`` -> dict.
     ``gpu_memory_mib`` is nvidia-smi's memory.total (what SGLang sizes its default fraction from); with
     ``gpu_memory_gib`` none, PyTorch's capacity comes from it through the known-GPU table (module_utils/gpu_memory.py),
@@ -41,7 +42,10 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
                 raise ValueError("give gpu_memory_gib (PyTorch's capacity) or gpu_memory_mib (nvidia-smi's total)")
             gpu_memory_gib = gpu_memory.torch_capacity_gib(smi_mib)
         # numbers written as text (from -e or sglang_service_extra_flags) as SGLang reads them
-        flags = extra_flags.typed(flags) if isinstance(flags, dict) else flags
+        if release is None:
+            raise ValueError("give release= (sglang_package_spec | moefleet.serving.sglang_release), the SGLang "
+                             "release whose parser reads the flags")
+        flags = extra_flags.typed(flags, release) if isinstance(flags, dict) else flags
         return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib).to_dict()
     except gpu_memory.UnknownGpu as exc:
         raise AnsibleFilterError(
@@ -51,12 +55,23 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
         raise AnsibleFilterError(f"moefleet.serving.plan: {exc}") from None
 
 
-def profile_args(profile):
-    """A profile's flags as SGLang arguments: ``["--tp-size", "8", "--ep-size", "4"]``."""
+def profile_args(profile, release):
+    """A profile's flags as SGLang ``release``'s arguments: ``["--tp-size", "8", "--ep-size", "4"]``
+    (``{{ profile | moefleet.serving.profile_args(sglang_package_spec | moefleet.serving.sglang_release) }}``)."""
     try:
-        return profiles.sglang_args(profile)
+        return profiles.sglang_args(profile, release)
     except profiles.ProfileError as exc:
         raise AnsibleFilterError(f"moefleet.serving.profile_args: {exc}") from None
+
+
+def sglang_release(spec):
+    """The SGLang release a ``sglang_package_spec`` pins (``sglang[all]==0.5.10`` -> ``0.5.10``); a release moefleet
+    has no data for fails with the sentence that names the supported ones (playbooks/validate.yml refuses it
+    first, before any host changes)."""
+    problem = sglang_releases.release_problem(spec)
+    if problem:
+        raise AnsibleFilterError(f"moefleet.serving.sglang_release: {problem}")
+    return sglang_releases.release_of(spec)
 
 
 def fallback_ladder(catalog, name):
@@ -394,6 +409,7 @@ class FilterModule:
         return {
             "plan": plan,
             "profile_args": profile_args,
+            "sglang_release": sglang_release,
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,
             "next_step": next_step,

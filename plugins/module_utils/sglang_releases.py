@@ -1,0 +1,67 @@
+"""The SGLang releases moefleet supports, each judged by its own parser's data.
+
+Each release's server arguments (names, kinds, types, choices, spellings) are generated from that release's wheel
+by tests/oracle/server_args_data.py into sglang_args_<release>.py and checked against the wheel by `make oracle`.
+The controller judges ``sglang_service_extra_flags`` and the served model's parsers by the data of the release
+``sglang_package_spec`` pins for the host (its target release), and the roles spell the catalog's flags as that
+release takes them (``sglang_args(..., release=)`` in profiles.py).
+
+SUPPORTED is read by tests/oracle/env.py without importing this package: keep it one literal tuple.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ansible_collections.moefleet.serving.plugins.module_utils import sglang_args_0_5_10, sglang_args_0_5_23
+
+SUPPORTED = ("0.5.10", "0.5.23")
+
+ARGUMENTS: dict[str, dict[str, tuple]] = {
+    sglang_args_0_5_10.SGLANG_VERSION: sglang_args_0_5_10.ARGUMENTS,
+    sglang_args_0_5_23.SGLANG_VERSION: sglang_args_0_5_23.ARGUMENTS,
+}
+
+# moefleet's flag vocabulary (profiles/catalog.yml, moefleet_extra_profiles, the rollback's retunes) is SGLang
+# 0.5.10's argument names. Where a later release renamed an argument moefleet writes, its name there: 0.5.23 split
+# the CUDA graph settings by phase (arg_groups/fields/exec_.py), and the decode graph is what 0.5.10's flags sized.
+# 0.5.23 refuses the old spelling as an ambiguous prefix of the two new ones.
+RENAMED: dict[str, dict[str, str]] = {
+    "0.5.10": {},
+    "0.5.23": {"cuda_graph_max_bs": "cuda_graph_max_bs_decode", "cuda_graph_bs": "cuda_graph_bs_decode"},
+}
+
+# The one command that adds a release: its parser's data from its wheel (and its oracle venv).
+ADD_RELEASE = ("add it to SUPPORTED in plugins/module_utils/sglang_releases.py and run `make oracle-env` and "
+               "`.venv/bin/python tests/oracle/server_args_data.py`, which write its parser's data from its own wheel")
+
+_PIN = re.compile(r"\s*sglang(?:\[[^\]]*\])?\s*==\s*([0-9][0-9A-Za-z.+!-]*)\s*")
+
+
+def release_of(spec: Any) -> str | None:
+    """The release a pip requirement pins exactly (``sglang[all]==0.5.10`` -> ``0.5.10``; a local version label such
+    as the lab's ``+moefleetsim`` is left out), or None when it pins none."""
+    match = _PIN.fullmatch(spec) if isinstance(spec, str) else None
+    return match.group(1).split("+", 1)[0] if match else None
+
+
+def release_problem(spec: Any, host: str | None = None) -> str | None:
+    """The sentence that refuses a ``sglang_package_spec`` whose release moefleet cannot judge, or None."""
+    where = f" for {host}" if host else ""
+    release = release_of(spec)
+    supported = " or ".join(f"sglang[all]=={r}" for r in SUPPORTED)
+    if release is None:
+        return (f"sglang_package_spec is {spec!r}{where}, which pins no one SGLang release; moefleet judges the "
+                f"flags, the parsers and the plan by the target release's own data: pin one, {supported}.")
+    if release not in ARGUMENTS:
+        return (f"sglang_package_spec pins SGLang {release}{where}, which moefleet has no data for (it supports "
+                f"{', '.join(SUPPORTED)}); pin {supported}, or {ADD_RELEASE}.")
+    return None
+
+
+def spelled_for(flags: Mapping[str, Any], release: str) -> dict[str, Any]:
+    """``flags`` in moefleet's vocabulary with each argument ``release`` renamed under its name there."""
+    renamed = RENAMED[release]
+    return {renamed.get(str(key), str(key)): value for key, value in flags.items()}
