@@ -15,7 +15,6 @@ which a later release can make ambiguous, as 0.5.23 did for cuda_graph_max_bs).
 from __future__ import annotations
 
 import difflib
-import functools
 import math
 import re
 from collections.abc import Mapping
@@ -23,17 +22,20 @@ from typing import Any
 
 from ansible_collections.moefleet.serving.plugins.module_utils.sglang_releases import ARGUMENTS
 
+_SPELLINGS: dict[str, dict[str, str]] = {}
 
-@functools.lru_cache(maxsize=None)
+
 def spellings(release: str) -> dict[str, str]:
     """Every spelling the release's parser takes (tp_size, tensor_parallel_size, ep, ...), as moefleet writes flags
     (``--`` dropped, ``-`` as ``_``), to the argument's name."""
-    return {
-        option[2:].replace("-", "_"): name
-        for name, (_kind, _type, _choices, options) in ARGUMENTS[release].items()
-        for option in options
-        if option.startswith("--")
-    }
+    if release not in _SPELLINGS:
+        _SPELLINGS[release] = {
+            option[2:].replace("-", "_"): name
+            for name, (_kind, _type, _choices, options) in ARGUMENTS[release].items()
+            for option in options
+            if option.startswith("--")
+        }
+    return _SPELLINGS[release]
 
 
 # The GPU layout: how many GPUs a start uses and how they split the model. A profile sets these. By spelling, so
