@@ -61,7 +61,22 @@ def release_problem(spec: Any, host: str | None = None) -> str | None:
     return None
 
 
+# Releases that size attention data parallelism with --attn-dp-size: 0.5.23 takes 0.5.10's --dp-size N
+# --enable-dp-attention with a deprecation warning and rewrites it to attn_dp_size=N, dp_size=1 (server_args.py,
+# arg_groups/parallel_hook.py), which /server_info then reports; moefleet writes the new form there.
+ATTN_DP_SIZE = frozenset({"0.5.23"})
+
+
 def spelled_for(flags: Mapping[str, Any], release: str) -> dict[str, Any]:
-    """``flags`` in moefleet's vocabulary with each argument ``release`` renamed under its name there."""
+    """``flags`` in moefleet's vocabulary as SGLang ``release`` takes them, in their order: each argument the
+    release renamed under its name there, and on a release of ATTN_DP_SIZE, ``dp_size: N`` with
+    ``enable_dp_attention: true`` as ``attn_dp_size: N``."""
     renamed = RENAMED[release]
-    return {renamed.get(str(key), str(key)): value for key, value in flags.items()}
+    attn_dp = release in ATTN_DP_SIZE and flags.get("enable_dp_attention") is True
+    out: dict[str, Any] = {}
+    for key, value in flags.items():
+        key = str(key)
+        if attn_dp and key == "enable_dp_attention":
+            continue
+        out["attn_dp_size" if attn_dp and key == "dp_size" else renamed.get(key, key)] = value
+    return out

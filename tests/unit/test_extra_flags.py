@@ -151,3 +151,18 @@ def test_the_catalogs_flags_are_spelled_for_the_target_release():
     on_0523 = profiles.sglang_args(ep8dpa, "0.5.23")
     assert "--cuda-graph-max-bs-decode" in on_0523 and "--cuda-graph-max-bs" not in on_0523, on_0523
     assert on_0523[on_0523.index("--cuda-graph-max-bs-decode") + 1] == str(ep8dpa["flags"]["cuda_graph_max_bs"])
+
+
+def test_dp_attention_is_written_as_0_5_23_sizes_it():
+    """0.5.23 rewrites --dp-size N --enable-dp-attention to attn_dp_size=N, dp_size=1 (with a deprecation warning);
+    moefleet writes --attn-dp-size there, and 0.5.10's form on 0.5.10."""
+    flags = CATALOG["profiles"]["ep8dpa"]["flags"]
+    assert flags["enable_dp_attention"] is True and flags["dp_size"] == 8
+    on_0510 = profiles.sglang_args({"flags": flags}, "0.5.10")
+    on_0523 = profiles.sglang_args({"flags": flags}, "0.5.23")
+    assert {"--dp-size", "--enable-dp-attention"} <= set(on_0510), on_0510
+    assert "--attn-dp-size" not in on_0510
+    assert not {"--dp-size", "--enable-dp-attention"} & set(on_0523), on_0523
+    assert on_0523[on_0523.index("--attn-dp-size") + 1] == "8", on_0523
+    plain = profiles.sglang_args({"flags": {"tp_size": 8, "dp_size": 2, "enable_dp_attention": False}}, "0.5.23")
+    assert plain == ["--tp-size", "8", "--dp-size", "2"], plain  # replicas, not attention DP
