@@ -374,7 +374,8 @@ def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, An
     ``inputs`` holds the variables the host defines (inventory, -e) over the roles' defaults; ``profile``
     is the resolved profile name. Checked: the GPUs every profile on ``profile``'s fallback ladder starts
     against ``nvidia_driver_expected_gpu_count`` (fewer is allowed only with moefleet_allow_unfit);
-    ``sglang_package_spec`` (it pins a release moefleet has the data of: sglang_releases); with it
+    ``sglang_package_spec`` (it pins a release moefleet has the data of: sglang_releases; the host's
+    ``cuda_toolkit_version`` and ``nvidia_driver_branch`` run it); with it
     ``sglang_service_extra_flags`` and the served model's parsers (extra_flags: that release's own parser data);
     ``sglang_service_port``'s range; the model source.
     """
@@ -405,6 +406,10 @@ def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, An
     release_problem = sglang_releases.release_problem(spec, host)
     if release_problem:
         problems.append(release_problem)
+    else:
+        problems.extend(sglang_releases.stack_problems(
+            sglang_releases.release_of(spec), inputs.get("cuda_toolkit_version"), inputs.get("nvidia_driver_branch"),
+            host))
     extra_flags = inputs.get("sglang_service_extra_flags", {})
     problem = extra_var_problem("sglang_service_extra_flags", extra_flags, dict)
     if problem:

@@ -33,6 +33,15 @@ RENAMED: dict[str, dict[str, str]] = {
     "0.5.23": {"cuda_graph_max_bs": "cuda_graph_max_bs_decode", "cuda_graph_bs": "cuda_graph_bs_decode"},
 }
 
+# What each release's wheel is built for (its METADATA's Requires-Dist): the CUDA major its kernels and PyTorch
+# need, which the host's toolkit (cuda_toolkit_version: nvcc for SGLang's JIT kernels) must match, and the oldest
+# NVIDIA driver branch that runs that CUDA (NVIDIA's CUDA release notes: CUDA 13.0 needs 580 or newer; Blackwell
+# needs 570 or newer for CUDA 12.8 and later).
+STACK: dict[str, dict[str, Any]] = {
+    "0.5.10": {"cuda_major": 12, "driver_branch": 570, "built": "cuda-python==12.9 and torch 2.9.1"},
+    "0.5.23": {"cuda_major": 13, "driver_branch": 580, "built": "cuda-python>=13.0, torch 2.14.1 and cu13 kernels"},
+}
+
 # The one command that adds a release: its parser's data from its wheel (and its oracle venv).
 ADD_RELEASE = ("add it to SUPPORTED in plugins/module_utils/sglang_releases.py and run `make oracle-env` and "
                "`.venv/bin/python tests/oracle/server_args_data.py`, which write its parser's data from its own wheel")
@@ -80,3 +89,44 @@ def spelled_for(flags: Mapping[str, Any], release: str) -> dict[str, Any]:
             continue
         out["attn_dp_size" if attn_dp and key == "dp_size" else renamed.get(key, key)] = value
     return out
+
+
+def stack_problems(release: str, cuda_version: Any, driver_branch: Any, host: str) -> list[str]:
+    """The host's CUDA toolkit and driver branch against what ``release`` is built for, as sentences naming the
+    variables to set (or the release to pin instead)."""
+    need = STACK[release]
+    other = [r for r in SUPPORTED if r != release and _fits(STACK[r], cuda_version, driver_branch)]
+    instead = f", or pin sglang[all]=={other[-1]}, which this host's stack runs" if other else ""
+    problems = []
+    major = _major(cuda_version)
+    if major is not None and major != need["cuda_major"]:
+        problems.append(
+            f"SGLang {release} is built for CUDA {need['cuda_major']} ({need['built']}) but {host} sets "
+            f"cuda_toolkit_version {cuda_version!r}: set cuda_toolkit_version to a CUDA {need['cuda_major']} "
+            f"release{instead}.")
+    branch = _whole(driver_branch)
+    if branch is not None and branch < need["driver_branch"]:
+        problems.append(
+            f"SGLang {release} needs CUDA {need['cuda_major']}, which needs NVIDIA driver branch "
+            f"{need['driver_branch']} or newer, but {host} sets nvidia_driver_branch {branch}: set it to "
+            f"{need['driver_branch']} or newer{instead}.")
+    return problems
+
+
+def _fits(need: Mapping[str, Any], cuda_version: Any, driver_branch: Any) -> bool:
+    branch = _whole(driver_branch)
+    return _major(cuda_version) == need["cuda_major"] and (branch is None or branch >= need["driver_branch"])
+
+
+def _major(version: Any) -> int | None:
+    match = re.match(r"\s*([0-9]+)\.", str(version)) if isinstance(version, str | int | float) else None
+    return int(match.group(1)) if match else None
+
+
+def _whole(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None

@@ -166,3 +166,22 @@ def test_dp_attention_is_written_as_0_5_23_sizes_it():
     assert on_0523[on_0523.index("--attn-dp-size") + 1] == "8", on_0523
     plain = profiles.sglang_args({"flags": {"tp_size": 8, "dp_size": 2, "enable_dp_attention": False}}, "0.5.23")
     assert plain == ["--tp-size", "8", "--dp-size", "2"], plain  # replicas, not attention DP
+
+
+@pytest.mark.parametrize(("inputs", "sentences"), [
+    ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "12.9", "nvidia_driver_branch": 580},
+     ["SGLang 0.5.23 is built for CUDA 13 (cuda-python>=13.0, torch 2.14.1 and cu13 kernels) but gpu-1 sets "
+      "cuda_toolkit_version '12.9': set cuda_toolkit_version to a CUDA 13 release, or pin sglang[all]==0.5.10, which "
+      "this host's stack runs."]),
+    ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 575},
+     ["SGLang 0.5.23 needs CUDA 13, which needs NVIDIA driver branch 580 or newer, but gpu-1 sets "
+      "nvidia_driver_branch 575: set it to 580 or newer."]),
+    ({"sglang_package_spec": "sglang==0.5.10", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 580},
+     ["SGLang 0.5.10 is built for CUDA 12 (cuda-python==12.9 and torch 2.9.1) but gpu-1 sets cuda_toolkit_version "
+      "'13.0': set cuda_toolkit_version to a CUDA 12 release, or pin sglang[all]==0.5.23, which this host's stack "
+      "runs."]),
+    ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 580}, []),
+    ({"sglang_package_spec": "sglang==0.5.10", "cuda_toolkit_version": "12.9", "nvidia_driver_branch": 580}, []),
+])
+def test_the_release_is_paired_with_the_hosts_cuda_and_driver_on_the_controller(inputs, sentences):
+    assert profiles.host_problems("gpu-1", PRESTAGED | inputs, CATALOG, "tp8") == sentences
