@@ -46,7 +46,9 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
             raise ValueError("give release= (sglang_package_spec | moefleet.serving.sglang_release), the SGLang "
                              "release whose parser reads the flags")
         flags = extra_flags.typed(flags, release) if isinstance(flags, dict) else flags
-        return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib).to_dict()
+        flags = sglang_releases.canonical(flags, release) if isinstance(flags, dict) else flags
+        return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib,
+                            release).to_dict()
     except gpu_memory.UnknownGpu as exc:
         raise AnsibleFilterError(
             f"moefleet.serving.plan: {exc} On a host, set moefleet_gpu_memory_gib to PyTorch's figure."
@@ -87,11 +89,12 @@ def opening_attempt(previous, profile, fingerprint, nccl_set, catalog, retry=Fal
     return rollback.opening_attempt(previous, profile, fingerprint, nccl_set, catalog, bool(retry))
 
 
-def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None):
+def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None, release="0.5.10"):
     """What to try after the attempts so far: ``{action: done|start|restore, attempt, reason}``;
-    ``gpu_memory_mib`` (nvidia-smi's memory.total) sizes the KV-pool retune."""
+    ``gpu_memory_mib`` (nvidia-smi's memory.total) sizes the KV-pool retune, by the reserve of SGLang ``release``."""
     try:
-        return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib)
+        flags = sglang_releases.canonical(flags, release) if isinstance(flags, dict) else flags
+        return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib, release)
     except rollback.RollbackError as exc:
         raise AnsibleFilterError(f"moefleet.serving.next_step: {exc}") from None
 

@@ -130,3 +130,18 @@ def _whole(value: Any) -> int | None:
         return int(str(value).strip())
     except ValueError:
         return None
+
+
+def canonical(flags: Mapping[str, Any], release: str) -> dict[str, Any]:
+    """``flags`` written for ``release`` (an operator's extra flags over a profile's) in moefleet's vocabulary, which
+    the planner and the rollback read: spelled_for undone."""
+    back = {new: old for old, new in RENAMED[release].items()}
+    out: dict[str, Any] = {}
+    for key, value in flags.items():
+        key = str(key)
+        if release in ATTN_DP_SIZE and key == "attn_dp_size":
+            out["dp_size"] = value
+            out["enable_dp_attention"] = True
+            continue
+        out[back.get(key, key)] = value
+    return out
