@@ -1,11 +1,11 @@
-"""Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
-profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
-.fallback_ladder, .opening_attempt, .next_step, .rollback_summary, .history, .attempt; .unit_with_credential and
-.unit_without_credential, the restored unit with today's key; the documents a host keeps and reports, .local_facts
-and .status_entry; .worker_url, the one composition of an SGLang server's URL; .model_flags, the served model's
-parsers and sampling flags; .metrics_flags, SGLang's metrics flags; .scrape_targets, Prometheus's targets from the
-inventory; and for the controller checks moefleet.serving.host_inputs, .origins, .playbook_input_problems,
-.input_problems and .outage."""
+"""Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render profiles and decide
+rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args, .sglang_release and .release_flags
+(the target SGLang release and its spelling of the flags), .fallback_ladder, .opening_attempt, .next_step,
+.rollback_summary, .history, .attempt; .unit_with_credential and .unit_without_credential, the restored unit with
+today's key; the documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one
+composition of an SGLang server's URL; .model_flags, the served model's parsers and sampling flags; .metrics_flags,
+SGLang's metrics flags; .scrape_targets, Prometheus's targets from the inventory; and for the controller checks
+moefleet.serving.host_inputs, .origins, .playbook_input_problems, .input_problems and .outage."""
 
 from __future__ import annotations
 
@@ -64,6 +64,12 @@ def profile_args(profile, release):
         return profiles.sglang_args(profile, release)
     except profiles.ProfileError as exc:
         raise AnsibleFilterError(f"moefleet.serving.profile_args: {exc}") from None
+
+
+def release_flags(flags, release):
+    """Flags in moefleet's vocabulary as SGLang ``release`` names them (what its /server_info reports them as):
+    ``{{ flags | moefleet.serving.release_flags(release) }}``."""
+    return sglang_releases.spelled_for(flags, release)
 
 
 def sglang_release(spec):
@@ -413,6 +419,7 @@ class FilterModule:
             "plan": plan,
             "profile_args": profile_args,
             "sglang_release": sglang_release,
+            "release_flags": release_flags,
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,
             "next_step": next_step,
