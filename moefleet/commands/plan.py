@@ -11,12 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.moefleet.serving.plugins.module_utils import gpu_memory as gpu_table
-from ansible_collections.moefleet.serving.plugins.module_utils import planner, profiles
+from ansible_collections.moefleet.serving.plugins.module_utils import planner, profiles, sglang_releases
 
 from moefleet import collection
 from moefleet.commands import number_problem, whole_number_problem
 
 DEFAULT_CATALOG = collection.CATALOG
+
+
+def _pinned_release() -> str:
+    """The release the fleet's defaults pin (roles/moefleet_defaults: sglang_package_spec)."""
+    import yaml
+
+    home = collection.ROOT / "roles" / "moefleet_defaults" / "defaults" / "main.yml"
+    spec = (yaml.safe_load(home.read_text()) or {}).get("sglang_package_spec") if home.is_file() else None
+    return sglang_releases.release_of(spec) or sglang_releases.SUPPORTED[0]
 DEFAULT_SCHEMA = collection.SCHEMA
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
@@ -98,6 +107,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--extra-profiles", type=Path, metavar="FILE", help="operator profiles (YAML) laid over the catalog"
+    )
+    parser.add_argument(
+        "--release", default=_pinned_release(), choices=sglang_releases.SUPPORTED,
+        help="the SGLang release whose default memory fraction and reserve to reproduce (default: %(default)s, the "
+        "one sglang_package_spec pins in roles/moefleet_defaults)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     parser.add_argument(
@@ -241,7 +255,7 @@ def plan_rows(args: argparse.Namespace, gpu: dict[str, Any]) -> list[dict[str, A
         layouts = [(name, profiles.resolve_profile(catalog, name)["flags"]) for name in names]
     rows = []
     for name, result in planner.plan_many(
-        config, args.gpus, gpu["gib"], layouts, catalog["profiles"], gpu["smi_mib"]
+        config, args.gpus, gpu["gib"], layouts, catalog["profiles"], gpu["smi_mib"], args.release
     ):
         row = {"profile": name, **result.to_dict()}
         if hint and "Did you mean" not in row["reason"]:

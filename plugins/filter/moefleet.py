@@ -1,11 +1,11 @@
-"""Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render
-profiles and decide rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args,
-.fallback_ladder, .opening_attempt, .next_step, .rollback_summary, .history, .attempt; .unit_with_credential and
-.unit_without_credential, the restored unit with today's key; the documents a host keeps and reports, .local_facts
-and .status_entry; .worker_url, the one composition of an SGLang server's URL; .model_flags, the served model's
-parsers and sampling flags; .metrics_flags, SGLang's metrics flags; .scrape_targets, Prometheus's targets from the
-inventory; and for the controller checks moefleet.serving.host_inputs, .origins, .playbook_input_problems,
-.input_problems and .outage."""
+"""Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render profiles and decide
+rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args, .sglang_release and .release_flags
+(the target SGLang release and its spelling of the flags), .fallback_ladder, .opening_attempt, .next_step,
+.rollback_summary, .history, .attempt; .unit_with_credential and .unit_without_credential, the restored unit with
+today's key; the documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one
+composition of an SGLang server's URL; .model_flags, the served model's parsers and sampling flags; .metrics_flags,
+SGLang's metrics flags; .scrape_targets, Prometheus's targets from the inventory; and for the controller checks
+moefleet.serving.host_inputs, .origins, .playbook_input_problems, .input_problems and .outage."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from ansible_collections.moefleet.serving.plugins.module_utils import (
     profiles,
     rollback,
     serving_model,
+    sglang_releases,
 )
 
 
-def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib=None):
+def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib=None, release=None):
     """Plan one layout: ``{{ config | moefleet.serving.plan(8, 94.97, profile.flags, catalog) }}`` -> dict.
     ``gpu_memory_mib`` is nvidia-smi's memory.total (what SGLang sizes its default fraction from); with
     ``gpu_memory_gib`` none, PyTorch's capacity comes from it through the known-GPU table (module_utils/gpu_memory.py),
@@ -41,8 +42,13 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
                 raise ValueError("give gpu_memory_gib (PyTorch's capacity) or gpu_memory_mib (nvidia-smi's total)")
             gpu_memory_gib = gpu_memory.torch_capacity_gib(smi_mib)
         # numbers written as text (from -e or sglang_service_extra_flags) as SGLang reads them
-        flags = extra_flags.typed(flags) if isinstance(flags, dict) else flags
-        return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib).to_dict()
+        if release is None:
+            raise ValueError("give release= (sglang_package_spec | moefleet.serving.sglang_release), the SGLang "
+                             "release whose parser reads the flags")
+        flags = extra_flags.typed(flags, release) if isinstance(flags, dict) else flags
+        flags = sglang_releases.canonical(flags, release) if isinstance(flags, dict) else flags
+        return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib,
+                            release).to_dict()
     except gpu_memory.UnknownGpu as exc:
         raise AnsibleFilterError(
             f"moefleet.serving.plan: {exc} On a host, set moefleet_gpu_memory_gib to PyTorch's figure."
@@ -51,12 +57,29 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
         raise AnsibleFilterError(f"moefleet.serving.plan: {exc}") from None
 
 
-def profile_args(profile):
-    """A profile's flags as SGLang arguments: ``["--tp-size", "8", "--ep-size", "4"]``."""
+def profile_args(profile, release):
+    """A profile's flags as SGLang ``release``'s arguments: ``["--tp-size", "8", "--ep-size", "4"]``
+    (``{{ profile | moefleet.serving.profile_args(sglang_package_spec | moefleet.serving.sglang_release) }}``)."""
     try:
-        return profiles.sglang_args(profile)
+        return profiles.sglang_args(profile, release)
     except profiles.ProfileError as exc:
         raise AnsibleFilterError(f"moefleet.serving.profile_args: {exc}") from None
+
+
+def release_flags(flags, release):
+    """Flags in moefleet's vocabulary as SGLang ``release`` names them (what its /server_info reports them as):
+    ``{{ flags | moefleet.serving.release_flags(release) }}``."""
+    return sglang_releases.spelled_for(flags, release)
+
+
+def sglang_release(spec):
+    """The SGLang release a ``sglang_package_spec`` pins (``sglang[all]==0.5.10`` -> ``0.5.10``); a release moefleet
+    has no data for fails with the sentence that names the supported ones (playbooks/validate.yml refuses it
+    first, before any host changes)."""
+    problem = sglang_releases.release_problem(spec)
+    if problem:
+        raise AnsibleFilterError(f"moefleet.serving.sglang_release: {problem}")
+    return sglang_releases.release_of(spec)
 
 
 def fallback_ladder(catalog, name):
@@ -72,11 +95,12 @@ def opening_attempt(previous, profile, fingerprint, nccl_set, catalog, retry=Fal
     return rollback.opening_attempt(previous, profile, fingerprint, nccl_set, catalog, bool(retry))
 
 
-def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None):
+def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None, release="0.5.10"):
     """What to try after the attempts so far: ``{action: done|start|restore, attempt, reason}``;
-    ``gpu_memory_mib`` (nvidia-smi's memory.total) sizes the KV-pool retune."""
+    ``gpu_memory_mib`` (nvidia-smi's memory.total) sizes the KV-pool retune, by the reserve of SGLang ``release``."""
     try:
-        return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib)
+        flags = sglang_releases.canonical(flags, release) if isinstance(flags, dict) else flags
+        return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib, release)
     except rollback.RollbackError as exc:
         raise AnsibleFilterError(f"moefleet.serving.next_step: {exc}") from None
 
@@ -394,6 +418,8 @@ class FilterModule:
         return {
             "plan": plan,
             "profile_args": profile_args,
+            "sglang_release": sglang_release,
+            "release_flags": release_flags,
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,
             "next_step": next_step,

@@ -1,13 +1,15 @@
-"""``sglang_service_extra_flags`` judged on the controller by the pinned SGLang's own parser data
-(sglang_server_args.ARGUMENTS, generated from the wheel): names, types, choices, plus the ranges and ownership
-rules argparse does not know. One sentence per problem, naming the flag and the fix.
+"""``sglang_service_extra_flags`` judged on the controller by the target SGLang release's own parser data
+(sglang_releases.ARGUMENTS, generated from each release's wheel): names, types, choices, plus the ranges and
+ownership rules argparse does not know. One sentence per problem, naming the flag and the fix. Every function takes
+the release the host will run (sglang_releases.release_of its sglang_package_spec): a flag one release has and
+another has not is refused for the other.
 
 Refused, besides what SGLang's parser refuses (an unknown name, a value its type cannot convert, a value outside
 its choices): a fraction outside (0, 1); a whole number outside the bounds moefleet knows; a flag that changes the
 GPU layout (a profile decides it, and the fit check, the rollback ladder and the GPU count all read the profile);
 a flag a role variable owns (port, host, model path, served model name, API key: the key would be on the command
 line for every user to read); a prefix SGLang's parser would take for a longer flag (it takes unique prefixes,
-which a later release can make ambiguous).
+which a later release can make ambiguous, as 0.5.23 did for cuda_graph_max_bs).
 """
 
 from __future__ import annotations
@@ -18,26 +20,39 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.moefleet.serving.plugins.module_utils.sglang_server_args import (
-    ARGUMENTS,
-    SGLANG_VERSION,
-)
+from ansible_collections.moefleet.serving.plugins.module_utils.sglang_releases import ARGUMENTS
 
-# Every spelling SGLang's parser takes (tp_size, tensor_parallel_size, ep, ...), as moefleet writes flags
-# (``--`` dropped, ``-`` as ``_``), to the argument's name.
-SPELLINGS: dict[str, str] = {
-    option[2:].replace("-", "_"): name
-    for name, (_kind, _type, _choices, options) in ARGUMENTS.items()
-    for option in options
-    if option.startswith("--")
-}
+_SPELLINGS: dict[str, dict[str, str]] = {}
 
-# The GPU layout: how many GPUs a start uses and how they split the model. A profile sets these.
+
+def spellings(release: str) -> dict[str, str]:
+    """Every spelling the release's parser takes (tp_size, tensor_parallel_size, ep, ...), as moefleet writes flags
+    (``--`` dropped, ``-`` as ``_``), to the argument's name."""
+    if release not in _SPELLINGS:
+        _SPELLINGS[release] = {
+            option[2:].replace("-", "_"): name
+            for name, (_kind, _type, _choices, options) in ARGUMENTS[release].items()
+            for option in options
+            if option.startswith("--")
+        }
+    return _SPELLINGS[release]
+
+
+# The GPU layout: how many GPUs a start uses and how they split the model. A profile sets these. By spelling, so
+# that it holds for every release (0.5.23 names tensor_parallel_size tp_size and adds attention DP and decode
+# context parallel sizes).
 LAYOUT = frozenset({
-    "tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size", "data_parallel_size",
-    "attention_context_parallel_size", "moe_data_parallel_size", "moe_dense_tp_size", "enable_dp_attention",
-    "nnodes", "node_rank", "dist_init_addr", "base_gpu_id", "gpu_id_step",
+    "tp_size", "tensor_parallel_size", "pp_size", "pipeline_parallel_size", "ep_size", "expert_parallel_size",
+    "dp_size", "data_parallel_size", "attn_cp_size", "attention_context_parallel_size", "moe_dp_size",
+    "moe_data_parallel_size", "moe_dense_tp_size", "enable_dp_attention", "attn_dp_size",
+    "attention_data_parallel_size", "dcp_size", "decode_context_parallel_size", "dwdp_size",
+    "shared_experts_tp_size", "nnodes", "node_rank", "dist_init_addr", "base_gpu_id", "gpu_id_step",
 })
+
+
+def _changes_layout(name: str, release: str) -> bool:
+    return name in LAYOUT or any(o[2:].replace("-", "_") in LAYOUT for o in ARGUMENTS[release][name][3])
+
 
 # Arguments a role variable owns; set there, not here.
 OWNED = {
@@ -68,6 +83,7 @@ FLAG_BOUNDS: dict[str, tuple[int, int]] = {
     "pp_size": (1, 64),
     "dp_size": (1, 64),
     "cuda_graph_max_bs": (1, 4096),
+    "cuda_graph_max_bs_decode": (1, 4096),
     "chunked_prefill_size": (-1, 1 << 20),
     "context_length": (1, 10 << 20),
     "max_running_requests": (1, 1 << 16),
@@ -110,13 +126,13 @@ def _number(text: str) -> float | None:
         return None
 
 
-def typed(flags: Mapping[str, Any]) -> dict[str, Any]:
-    """``flags`` with the numbers written as text (``"0.85"``, ``"128k"``) as the numbers SGLang reads, for the
-    planner; anything else as it is."""
+def typed(flags: Mapping[str, Any], release: str) -> dict[str, Any]:
+    """``flags`` with the numbers written as text (``"0.85"``, ``"128k"``) as the numbers SGLang ``release`` reads,
+    for the planner; anything else as it is."""
     out: dict[str, Any] = {}
     for key, value in flags.items():
-        name = SPELLINGS.get(str(key))
-        kind_type = ARGUMENTS[name][1] if name else ""
+        name = spellings(release).get(str(key))
+        kind_type = ARGUMENTS[release][name][1] if name else ""
         if isinstance(value, str) and kind_type in ("int", "human_readable_int"):
             number = whole(value, kind_type)
             value = value if number is None else number
@@ -126,16 +142,17 @@ def typed(flags: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def extra_flag_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
-    """Every problem of ``flags`` (sglang_service_extra_flags), one sentence each starting with ``path/flag``."""
+def extra_flag_problems(path: str, flags: Mapping[str, Any], release: str) -> list[str]:
+    """Every problem of ``flags`` (sglang_service_extra_flags) for SGLang ``release``, one sentence each starting
+    with ``path/flag``."""
     problems: list[str] = []
     for key, value in flags.items():
         where = f"{path}/{key}"
-        name = SPELLINGS.get(str(key))
+        name = spellings(release).get(str(key))
         if name is None:
-            problems.append(_unknown(where, str(key)))
+            problems.append(_unknown(where, str(key), release))
             continue
-        if name in LAYOUT:
+        if _changes_layout(name, release):
             problems.append(
                 f"{where}: {key} changes the GPU layout, which the profile decides (its GPU count, the fit check "
                 "and the fallback ladder all read the profile); pick another profile, or define one with these "
@@ -146,31 +163,40 @@ def extra_flag_problems(path: str, flags: Mapping[str, Any]) -> list[str]:
             continue
         if value is None or value is False:
             continue  # left out of the command line (profiles.sglang_args)
-        problem = value_problem(name, value)
+        problem = value_problem(name, value, release)
         if problem:
             problems.append(f"{where}: {problem}")
     return problems
 
 
-def value_problem(name: str, value: Any) -> str | None:
-    """The problem of one value for SGLang's argument ``name`` (its type, choices and moefleet's bounds), or None."""
-    kind, kind_type, choices, _options = ARGUMENTS[name]
-    return _value_problem(name, kind, kind_type, choices, value)
+def value_problem(name: str, value: Any, release: str) -> str | None:
+    """The problem of one value for SGLang ``release``'s argument ``name`` (its type, choices and moefleet's
+    bounds), or None."""
+    kind, kind_type, choices, _options = ARGUMENTS[release][name]
+    return _value_problem(name, kind, kind_type, choices, value, release)
 
 
-def _unknown(where: str, key: str) -> str:
-    prefixed = sorted(s for s in SPELLINGS if s.startswith(key))
+def _unknown(where: str, key: str, release: str) -> str:
+    known = spellings(release)
+    others = [r for r in ARGUMENTS if r != release and key in spellings(r)]
+    elsewhere = f" It is one of SGLang {' and '.join(others)}'s." if others else ""
+    prefixed = sorted({known[s] for s in known if s.startswith(key)})
+    if len(prefixed) > 1:
+        return (f"{where}: {key} is not a server argument of SGLang {release} but the start of {len(prefixed)} "
+                f"({', '.join(prefixed[:3])}), which its parser refuses as ambiguous at start; write the whole name "
+                f"of the one you mean.{elsewhere}")
     if prefixed:
-        return (f"{where}: write the whole name ({', '.join(prefixed[:3])}); SGLang's parser takes a prefix today, "
-                "but a later release can make it ambiguous.")
-    close = difflib.get_close_matches(key, list(SPELLINGS), n=3, cutoff=0.75)
+        return (f"{where}: write the whole name ({prefixed[0]}); SGLang's parser takes a prefix today, but a later "
+                f"release can make it ambiguous.{elsewhere}")
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.75)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    return (f"{where}: {key} is not a server argument of SGLang {SGLANG_VERSION} (it would fail at start with "
-            f"'unrecognized arguments').{hint} Names are written without dashes, '-' as '_' (mem_fraction_static).")
+    return (f"{where}: {key} is not a server argument of SGLang {release} (it would fail at start with "
+            f"'unrecognized arguments').{hint}{elsewhere} Names are written without dashes, '-' as '_' "
+            "(mem_fraction_static).")
 
 
 def _value_problem(name: str, kind: str, kind_type: str, choices: tuple[str, ...] | None,
-                   value: Any) -> str | None:
+                   value: Any, release: str) -> str | None:
     if kind == "switch":
         if value is True:
             return None
@@ -180,16 +206,17 @@ def _value_problem(name: str, kind: str, kind_type: str, choices: tuple[str, ...
         if not items:
             return f"give at least one value, or null to leave {name} out."
         for item in items:
-            problem = _scalar_problem(name, kind_type, choices, item)
+            problem = _scalar_problem(name, kind_type, choices, item, release)
             if problem:
                 return problem
         return None
     if isinstance(value, list):
         return f"{name} takes one value, not a list."
-    return _scalar_problem(name, kind_type, choices, value)
+    return _scalar_problem(name, kind_type, choices, value, release)
 
 
-def _scalar_problem(name: str, kind_type: str, choices: tuple[str, ...] | None, value: Any) -> str | None:
+def _scalar_problem(name: str, kind_type: str, choices: tuple[str, ...] | None, value: Any,
+                    release: str) -> str | None:
     if isinstance(value, Mapping):
         if kind_type in ("json", "str"):
             return None  # written as JSON (profiles.sglang_args)
@@ -215,7 +242,7 @@ def _scalar_problem(name: str, kind_type: str, choices: tuple[str, ...] | None, 
             return (f"{value!r} is not a fraction; give {name} a number between 0 and 1 (exclusive), e.g. 0.85 "
                     "(the share of each GPU's memory, or of the token pool, it names).")
     if choices is not None and str(value) not in choices:
-        return (f"{value!r} is not one SGLang {SGLANG_VERSION} takes for {name} (it would fail at start with "
+        return (f"{value!r} is not one SGLang {release} takes for {name} (it would fail at start with "
                 f"'invalid choice'); pick one of: {', '.join(choices)}.")
     return None
 

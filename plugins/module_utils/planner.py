@@ -298,6 +298,7 @@ class ModelShape:
     tie_word_embeddings: bool
     quant: Quantization
     vision: VisionTower | None = None
+    architecture: str = ""  # config.json's architectures[0], which some of SGLang's rules read
 
     @property
     def multimodal(self) -> bool:
@@ -356,9 +357,15 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
             tie_word_embeddings=bool(lm.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
             quant=_quantization(quant_cfg),
             vision=vision_tower(config),
+            architecture=_architecture(config),
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"The model config has a field of the wrong type ({exc}).") from None
+
+
+def _architecture(config: Mapping[str, Any]) -> str:
+    archs = config.get("architectures")
+    return str(archs[0]) if isinstance(archs, list) and archs else ""
 
 
 def _quantization(qc: Any) -> Quantization:
@@ -419,15 +426,30 @@ def gpu_memory_defaults(gpu_mem_mib: float, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
-def piecewise_cuda_graphs(layout: Layout, multimodal: bool) -> bool:
-    """Whether SGLang captures piecewise CUDA graphs (``_handle_piecewise_cuda_graph``): not with pipeline
-    stages, DP attention or a multimodal model; the other conditions it checks are flags no profile sets."""
-    return layout.pp == 1 and not layout.dp_attention and not multimodal
+# SGLang 0.5.23's multimodal architectures whose language model keeps the breakable prefill CUDA graph
+# (configs/model_config.py multimodal_breakable_cuda_graph_supported_model_archs; the Kimi ones here, the models
+# moefleet plans: every other multimodal model has it off, as arg_groups/cuda_graph_hook.py says).
+PREFILL_GRAPH_MULTIMODAL_ARCHS = frozenset({"KimiK25ForConditionalGeneration", "KimiK3ForConditionalGeneration"})
 
 
-def reserved_memory_mib(gpu_mem_mib: float, layout: Layout, multimodal: bool = False) -> float:
-    """MiB SGLang keeps outside the static pool for activations and CUDA graphs
-    (``ServerArgs._handle_gpu_memory_settings``; its MLA models reserve 1.5 GiB more for piecewise graphs)."""
+def prefill_cuda_graphs(layout: Layout, multimodal: bool, release: str = "0.5.10", architecture: str = "") -> bool:
+    """Whether SGLang captures a CUDA graph for prefill, whose reserve (1.5 GiB on MLA models) the default fraction
+    keeps out of the pool. 0.5.10 (``_handle_piecewise_cuda_graph``, piecewise graphs): not with pipeline stages,
+    DP attention or a multimodal model. 0.5.23 (``arg_groups/cuda_graph_hook.py``, the breakable prefill graph, on
+    by default): not with pipeline stages, nor for a multimodal model outside PREFILL_GRAPH_MULTIMODAL_ARCHS; DP
+    attention no longer turns it off. The other conditions they check are flags no profile sets."""
+    if release == "0.5.10":
+        return layout.pp == 1 and not layout.dp_attention and not multimodal
+    if release == "0.5.23":
+        return layout.pp == 1 and (not multimodal or architecture in PREFILL_GRAPH_MULTIMODAL_ARCHS)
+    raise PlanError(f"The planner has no memory arithmetic of SGLang {release}; it knows 0.5.10 and 0.5.23.")
+
+
+def reserved_memory_mib(gpu_mem_mib: float, layout: Layout, multimodal: bool = False, release: str = "0.5.10",
+                        architecture: str = "") -> float:
+    """MiB SGLang ``release`` keeps outside the static pool for activations and CUDA graphs
+    (0.5.10's ``ServerArgs._handle_gpu_memory_settings``, 0.5.23's ``arg_groups/memory_hook.py``, the same sum
+    for these layouts on GPUs above 60 GiB; its MLA models reserve 1.5 GiB more for prefill graphs)."""
     chunked, graph_bs = gpu_memory_defaults(gpu_mem_mib, layout.tp)
     chunked = layout.chunked_prefill_size if layout.chunked_prefill_size is not None else chunked
     graph_bs = layout.cuda_graph_max_bs if layout.cuda_graph_max_bs is not None else graph_bs
@@ -439,7 +461,7 @@ def reserved_memory_mib(gpu_mem_mib: float, layout: Layout, multimodal: bool = F
         reserved += graph_bs * layout.dp * 3
         if graph_bs > 300:
             reserved += graph_bs * layout.dp * 1.5
-    if piecewise_cuda_graphs(layout, multimodal):
+    if prefill_cuda_graphs(layout, multimodal, release, architecture):
         reserved += 1.5 * 1024
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
@@ -456,20 +478,25 @@ def vlm_mem_fraction_factor(vision: VisionTower | None) -> float:
     return 0.95 * dynamic
 
 
-def max_mem_fraction_static(gpu_mem_mib: float, layout: Layout, multimodal: bool = False) -> float:
+def max_mem_fraction_static(gpu_mem_mib: float, layout: Layout, multimodal: bool = False, release: str = "0.5.10",
+                            architecture: str = "") -> float:
     """The largest --mem-fraction-static that keeps SGLang's own reserve for activations and CUDA graphs
     outside the pool: its default before the vision-tower reduction, ``round((total − reserved) / total, 3)``
     with ``gpu_mem_mib`` nvidia-smi's memory.total."""
-    return round((gpu_mem_mib - reserved_memory_mib(gpu_mem_mib, layout, multimodal)) / gpu_mem_mib, 3)
+    reserved = reserved_memory_mib(gpu_mem_mib, layout, multimodal, release, architecture)
+    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
 
 
-def default_mem_fraction_static(gpu_mem_mib: float, layout: Layout, vision: VisionTower | None = None) -> float:
-    """SGLang's default --mem-fraction-static on a GPU whose nvidia-smi memory.total is ``gpu_mem_mib``.
+def default_mem_fraction_static(gpu_mem_mib: float, layout: Layout, vision: VisionTower | None = None,
+                                release: str = "0.5.10", architecture: str = "") -> float:
+    """SGLang ``release``'s default --mem-fraction-static on a GPU whose nvidia-smi memory.total is ``gpu_mem_mib``.
 
-    A port of ``ServerArgs._handle_gpu_memory_settings`` (sglang/srt/server_args.py; no speculative
-    decoding) followed by ``adjust_mem_fraction_for_vlm`` for a model with a vision tower.
+    A port of ``ServerArgs._handle_gpu_memory_settings`` (sglang/srt/server_args.py in 0.5.10,
+    arg_groups/memory_hook.py in 0.5.23; no speculative decoding) followed by ``adjust_mem_fraction_for_vlm`` for a
+    model with a vision tower (the same factor in both).
     """
-    return max_mem_fraction_static(gpu_mem_mib, layout, vision is not None) * vlm_mem_fraction_factor(vision)
+    return (max_mem_fraction_static(gpu_mem_mib, layout, vision is not None, release, architecture)
+            * vlm_mem_fraction_factor(vision))
 
 
 def custom_all_reduce_pairs(layout: Layout) -> list[str]:
@@ -711,6 +738,7 @@ def plan(
     layout: Layout | Mapping[str, Any],
     catalog: Mapping[str, Mapping[str, Any]] | None = None,
     smi_memory_mib: float | None = None,
+    release: str = "0.5.10",
 ) -> Plan:
     """Plan one layout on a host of ``gpus`` GPUs of ``gpu_memory_gib`` GiB (PyTorch's total capacity).
 
@@ -718,7 +746,7 @@ def plan(
     names to profiles (or bare flag mappings) and is used only to name the profile an operator probably
     meant; ``smi_memory_mib`` is nvidia-smi's memory.total, which SGLang's default mem fraction is sized
     from (97887 on an RTX PRO 6000; defaults to the PyTorch figure in MiB, which gives the same three
-    decimals there).
+    decimals there); ``release`` the SGLang release whose default fraction and reserve are reproduced.
     """
     shape = config if isinstance(config, ModelShape) else model_shape(config)
     if not isinstance(layout, Layout):
@@ -742,8 +770,8 @@ def plan(
         return invalid(" ".join(problems))
 
     gpu_mem_mib = smi_memory_mib if smi_memory_mib else gpu_memory_gib * 1024
-    sglang_default = default_mem_fraction_static(gpu_mem_mib, layout, shape.vision)
-    ceiling = max_mem_fraction_static(gpu_mem_mib, layout, shape.multimodal)
+    sglang_default = default_mem_fraction_static(gpu_mem_mib, layout, shape.vision, release, shape.architecture)
+    ceiling = max_mem_fraction_static(gpu_mem_mib, layout, shape.multimodal, release, shape.architecture)
     frac = float(layout.mem_fraction_static) if layout.mem_fraction_static is not None else sglang_default
     free_at_init = (gpu_memory_gib - INIT_OVERHEAD_GIB) * GIB
 
@@ -812,7 +840,7 @@ def plan(
     routed = stages[heaviest].get("routed_experts", 0)
     where = f" on pipeline stage {heaviest}" if layout.pp > 1 else ""
     default_words = _default_words(ceiling, shape.vision)
-    reserve = _gib(reserved_memory_mib(gpu_mem_mib, layout, shape.multimodal) * MIB)
+    reserve = _gib(reserved_memory_mib(gpu_mem_mib, layout, shape.multimodal, release, shape.architecture) * MIB)
     if weights > free_at_init:
         result.verdict = "oom"
         result.reason = (
@@ -930,8 +958,9 @@ def plan_many(
     layouts: Mapping[str, Layout | Mapping[str, Any]] | Sequence[tuple[str, Layout | Mapping[str, Any]]],
     catalog: Mapping[str, Mapping[str, Any]] | None = None,
     smi_memory_mib: float | None = None,
+    release: str = "0.5.10",
 ) -> list[tuple[str, Plan]]:
-    """Plan several named layouts against one model config (parsed once)."""
+    """Plan several named layouts against one model config (parsed once), for SGLang ``release``."""
     shape = model_shape(config)
     items = layouts.items() if isinstance(layouts, Mapping) else layouts
-    return [(name, plan(shape, gpus, gpu_memory_gib, lay, catalog, smi_memory_mib)) for name, lay in items]
+    return [(name, plan(shape, gpus, gpu_memory_gib, lay, catalog, smi_memory_mib, release)) for name, lay in items]

@@ -18,7 +18,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.moefleet.serving.plugins.module_utils import planner, playbook_inputs, serving_model
+from ansible_collections.moefleet.serving.plugins.module_utils import (
+    planner,
+    playbook_inputs,
+    serving_model,
+    sglang_releases,
+)
 from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (
     FLAG_BOUNDS,
     OTHER_INT_BOUNDS,
@@ -202,17 +207,21 @@ def _printable(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
-def sglang_args(profile: Mapping[str, Any]) -> list[str]:
-    """The profile's flags as SGLang arguments, in the profile's order: ``["--tp-size", "8", ...]``.
+def sglang_args(profile: Mapping[str, Any], release: str) -> list[str]:
+    """The profile's flags as SGLang ``release``'s arguments, in the profile's order: ``["--tp-size", "8", ...]``.
 
     ``true`` becomes a bare switch, ``false`` and null leave the flag out, a list gives the flag its values in
-    turn (``--cuda-graph-bs 1 2 4``), a mapping is written as JSON (``--json-model-override-args``).
+    turn (``--cuda-graph-bs 1 2 4``), a mapping is written as JSON (``--json-model-override-args``). A flag the
+    release renamed is written under its name there (sglang_releases.RENAMED: ``cuda_graph_max_bs`` is
+    ``--cuda-graph-max-bs-decode`` on 0.5.23).
     """
     flags = profile.get("flags")
     if not isinstance(flags, Mapping):
         raise ProfileError("A profile's flags must be a mapping of SGLang flag names to values.")
+    if release not in sglang_releases.RENAMED:
+        raise ProfileError(sglang_releases.release_problem(f"sglang=={release}"))
     args: list[str] = []
-    for key, value in flags.items():
+    for key, value in sglang_releases.spelled_for(flags, release).items():
         flag = "--" + str(key).replace("_", "-")
         if value is None or value is False:
             continue
@@ -365,8 +374,10 @@ def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, An
     ``inputs`` holds the variables the host defines (inventory, -e) over the roles' defaults; ``profile``
     is the resolved profile name. Checked: the GPUs every profile on ``profile``'s fallback ladder starts
     against ``nvidia_driver_expected_gpu_count`` (fewer is allowed only with moefleet_allow_unfit);
-    ``sglang_service_extra_flags`` (extra_flags: SGLang's own parser data); ``sglang_service_port``'s range;
-    the model source.
+    ``sglang_package_spec`` (it pins a release moefleet has the data of: sglang_releases; the host's
+    ``cuda_toolkit_version`` and ``nvidia_driver_branch`` run it); with it
+    ``sglang_service_extra_flags`` and the served model's parsers (extra_flags: that release's own parser data);
+    ``sglang_service_port``'s range; the model source.
     """
     problems: list[str] = []
     gpus, problem = whole_number(
@@ -391,23 +402,34 @@ def host_problems(host: str, inputs: Mapping[str, Any], catalog: Mapping[str, An
             f"{which} starts {layout.gpus_used} GPUs ({layout.cli()}) but the inventory declares {gpus} for {host} "
             f"(nvidia_driver_expected_gpu_count): {fix}."
         )
+    spec = inputs.get("sglang_package_spec")
+    release_problem = sglang_releases.release_problem(spec, host)
+    if release_problem:
+        problems.append(release_problem)
+    else:
+        problems.extend(sglang_releases.stack_problems(
+            sglang_releases.release_of(spec), inputs.get("cuda_toolkit_version"), inputs.get("nvidia_driver_branch"),
+            host))
     extra_flags = inputs.get("sglang_service_extra_flags", {})
     problem = extra_var_problem("sglang_service_extra_flags", extra_flags, dict)
     if problem:
         problems.append(problem)
-    else:
-        problems.extend(f"{host}: {p}" for p in extra_flag_problems("sglang_service_extra_flags", extra_flags))
+    elif not release_problem:
+        problems.extend(f"{host}: {p}" for p in extra_flag_problems("sglang_service_extra_flags", extra_flags,
+                                                                    sglang_releases.release_of(spec)))
     _, problem = whole_number("sglang_service_port", inputs.get("sglang_service_port", 30000), 1, 65535, host)
     if problem:
         problems.append(problem)
-    problems.extend(served_model_problems(host, inputs))
+    if not release_problem:
+        problems.extend(served_model_problems(host, inputs, sglang_releases.release_of(spec)))
     problems.extend(model_source_problems(host, inputs))
     return problems
 
 
-def served_model_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
-    """The served model's flags (serving_model.model_flags): its entry exists and each value is one SGLang takes.
-    Judged when the inputs carry the role's table (playbooks/validate.yml passes the sglang_service defaults)."""
+def served_model_problems(host: str, inputs: Mapping[str, Any], release: str) -> list[str]:
+    """The served model's flags (serving_model.model_flags): its entry exists and each value is one SGLang
+    ``release`` takes. Judged when the inputs carry the role's table (playbooks/validate.yml passes the
+    sglang_service defaults)."""
     if "sglang_service_models" not in inputs:
         return []
     try:
@@ -421,7 +443,7 @@ def served_model_problems(host: str, inputs: Mapping[str, Any]) -> list[str]:
                 "reasoning_parser": "sglang_service_reasoning_parser"}
     problems = []
     for flag, value in flags.items():
-        problem = value_problem(flag, value)
+        problem = value_problem(flag, value, release)
         if problem:
             source = (f"the entry {inputs.get('sglang_service_model')!r} of sglang_service_models"
                       if inputs.get(variable[flag], serving_model.AUTO) == serving_model.AUTO else variable[flag])

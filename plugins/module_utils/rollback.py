@@ -130,13 +130,15 @@ def next_step(
     catalog: Mapping[str, Any],
     profile_flags: Mapping[str, Any] | None = None,
     gpu_memory_mib: float | None = None,
+    release: str = "0.5.10",
 ) -> dict[str, Any]:
     """``{"action": "done"|"start"|"restore", "attempt": {...}, "reason": sentence}``.
 
     ``attempts`` are in order, each an attempt with its ``outcome`` (``state``, ``phase``, ``cause``).
     ``profile_flags`` are the current attempt's effective flags (profile flags with tuning), used to
     retune from the value actually run. ``gpu_memory_mib`` is nvidia-smi's memory.total of the host's
-    GPUs, which the KV-pool retune is sized from; without it that retune is skipped.
+    GPUs, which the KV-pool retune is sized from; without it that retune is skipped. ``release`` is the SGLang
+    release that runs, whose reserve the retune keeps (planner.reserved_memory_mib).
     """
     if not ladder:
         raise RollbackError("The fallback ladder is empty: the requested profile must be its first rung.")
@@ -156,7 +158,7 @@ def next_step(
     except (TypeError, ValueError):
         layout = None
     if state == "oom" and phase == "kv_cache" and not _retuned(attempts, current, "retune_kv"):
-        step = _kv_retune(current, flags, layout, gpu_memory_mib)
+        step = _kv_retune(current, flags, layout, gpu_memory_mib, release)
         if step is not None:
             return step
     if state == "oom" and phase == "cuda_graph" and not _retuned(attempts, current, "retune_cuda_graph"):
@@ -197,16 +199,16 @@ def next_step(
 
 
 def _kv_retune(current: Mapping[str, Any], flags: Mapping[str, Any], layout: Any,
-               gpu_memory_mib: float | None) -> dict[str, Any] | None:
+               gpu_memory_mib: float | None, release: str = "0.5.10") -> dict[str, Any] | None:
     """The retune after a KV-pool OOM: the same layout at the largest --mem-fraction-static that keeps
     SGLang's reserve for activations and CUDA graphs (planner.max_mem_fraction_static). The rollback does not
     read the model, so it counts the reserve for piecewise CUDA graphs wherever the layout allows them.
     None when that is no higher than what ran, or when it cannot be sized."""
     if layout is None or not gpu_memory_mib:
         return None
-    ceiling = planner.max_mem_fraction_static(float(gpu_memory_mib), layout, multimodal=False)
+    ceiling = planner.max_mem_fraction_static(float(gpu_memory_mib), layout, multimodal=False, release=release)
     ran = flags.get("mem_fraction_static")
-    default = planner.default_mem_fraction_static(float(gpu_memory_mib), layout)
+    default = planner.default_mem_fraction_static(float(gpu_memory_mib), layout, release=release)
     if ceiling <= float(ran if ran is not None else default):
         return None
     name = current.get("profile")

@@ -191,17 +191,20 @@ def split_line(raw: str) -> list[ParsedLine]:
 
 # --- what the lines mean -------------------------------------------------------------------------
 
-# (regex on the message, phase reached once it is printed)
+# (regex on the message, phase reached once it is printed). 0.5.10's lines, and where 0.5.23 renamed one its line too:
+# "Init parallel begin." / "Init parallel ends." (srt/distributed/bootstrap.py), "Capture target decode CUDA graph
+# begin." / "... prefill CUDA graph ..." (model_executor/model_runner_components/cuda_graph_setup.py; the role is
+# target or draft).
 _MILESTONES = (
-    (re.compile(r"Init torch distributed begin"), "nccl_init"),
-    (re.compile(r"Init torch distributed ends"), "weight_load"),
+    (re.compile(r"Init torch distributed begin|Init parallel begin"), "nccl_init"),
+    (re.compile(r"Init torch distributed ends|Init parallel ends"), "weight_load"),
     (re.compile(r"Load weight begin"), "weight_load"),
     (re.compile(r"Load weight end"), "kv_cache"),
     (re.compile(r"KV Cache is allocated"), "kv_cache"),
     (re.compile(r"Memory pool end"), "cuda_graph"),
-    (re.compile(r"Capture (?:piecewise )?cuda graph begin", re.I), "cuda_graph"),
+    (re.compile(r"Capture (?:piecewise |(?:target|draft) (?:decode|prefill) )?cuda graph begin", re.I), "cuda_graph"),
     (re.compile(r"^Capturing batches \(bs="), "cuda_graph"),  # tqdm's capture bar, all a warning-level log shows
-    (re.compile(r"Capture (?:piecewise )?cuda graph end", re.I), "warmup"),
+    (re.compile(r"Capture (?:piecewise |(?:target|draft) (?:decode|prefill) )?cuda graph end", re.I), "warmup"),
     (re.compile(r"^max_total_num_tokens="), "warmup"),
     (re.compile(r"Uvicorn running on |Application startup complete"), "warmup"),
     (re.compile(r"The server is fired up and ready to roll"), "ready"),
@@ -232,7 +235,8 @@ _OOM_TEXT = re.compile(
     r"|Not enough?t? memory\. Please try to increase --mem-fraction-static"
 )
 _KV_POOL_TEXT = re.compile(r"Not enough?t? memory\. Please try to increase --mem-fraction-static")
-_GRAPH_TEXT = re.compile(r"Capture (?:piecewise )?cuda graph failed", re.I)
+# 0.5.23 says "Capture prefill CUDA graph failed" for its prefill graph (runner/prefill_cuda_graph_runner.py).
+_GRAPH_TEXT = re.compile(r"Capture (?:piecewise |prefill )?cuda graph failed", re.I)
 # model_executor/model_runner_kv_cache_mixin.py: the warning printed just before SGLang's KV-pool failure
 # ("Not enough memory ...", raised when the token capacity is <= 0) when --max-total-tokens is set
 _NO_KV_TOKENS = re.compile(r"max_total_tokens=\d+ is larger than the profiled value (?:-\d+|0)\b")

@@ -14,8 +14,9 @@ description:
     C(--port), else SGLang's defaults 127.0.0.1 and 30000), and its API key from the credential systemd handed
     it at its start (C(LoadCredential=), under C(/run/credentials/<unit>/)). So a run that changes the address
     (a worker that gets a gateway) or rotates the key drains the server with what it knows.
-  - Polls SGLang's C(GET /v1/loads?include=core) on this host every O(interval) seconds until its aggregate
-    C(total_reqs) (running and waiting, every DP rank) is 0, or O(timeout) ends.
+  - Polls SGLang's C(GET /v1/loads?include=core) on this host every O(interval) seconds until the requests running
+    and waiting on every DP rank are 0 (0.5.10's C(aggregate.total_reqs); 0.5.23 has no aggregate, and the module
+    sums each rank's C(num_running_reqs) and C(num_waiting_reqs)), or O(timeout) ends.
   - A unit that does not run, or stops meanwhile, holds no request. A port on which nothing listens (connection
     refused, the server is still loading or gone) holds none either. Any other answer (401, 404, a timeout, a
     count above 0) is not drained; after O(timeout) the module fails with what it last got.
@@ -161,11 +162,29 @@ def loads_once(url: str, key: str, opener=open_url, answer_timeout: float = 5) -
         return None, f"no answer: {exc}", True
     except (OSError, ValueError) as exc:
         return None, f"no answer: {exc}", False
-    try:
-        total = int(body["aggregate"]["total_reqs"])
-    except (KeyError, TypeError, ValueError):
-        return None, "an answer without aggregate.total_reqs", False
+    total = total_requests(body)
+    if total is None:
+        return None, ("an answer without aggregate.total_reqs or each rank's num_running_reqs and "
+                      "num_waiting_reqs"), False
     return total, f"{total} running or waiting", False
+
+
+def total_requests(body) -> int | None:
+    """Requests running and waiting on every DP rank, from a /v1/loads answer of either release line: 0.5.10's
+    ``aggregate.total_reqs`` (entrypoints/v1_loads.py, _compute_aggregate), or, where the answer has no aggregate
+    (0.5.23 dropped it), the sum of each rank's ``num_running_reqs`` and ``num_waiting_reqs`` (its "core" fields,
+    managers/load_snapshot.py). None when neither is there."""
+    try:
+        return int(body["aggregate"]["total_reqs"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    try:
+        loads = body["loads"]
+        if not isinstance(loads, list) or not loads:
+            return None
+        return sum(int(rank["num_running_reqs"]) + int(rank["num_waiting_reqs"]) for rank in loads)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def read_cmdline(pid: int) -> bytes:

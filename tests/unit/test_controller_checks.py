@@ -18,10 +18,11 @@ CATALOG_TEXT = (ROOT / "profiles" / "catalog.yml").read_text()
 CATALOG = yaml.safe_load(CATALOG_TEXT)
 SCHEMA = json.loads((ROOT / "schemas" / "profile_catalog.schema.json").read_text())
 MINE = {"description": "An operator profile for this test.", "gpus": 8, "nccl": "pcie_p2p", "fallback": None}
-PRESTAGED = {"sglang_model_source": "prestaged", "sglang_model_path": "/srv/models/Kimi-K2.6"}
+SPEC = {"sglang_package_spec": "sglang[all]==0.5.10"}  # validate.yml passes the fleet's (roles/moefleet_defaults)
+PRESTAGED = {"sglang_model_source": "prestaged", "sglang_model_path": "/srv/models/Kimi-K2.6", **SPEC}
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 HUB = {"sglang_model_source": "huggingface", "sglang_model_path": "/srv/models/Kimi-K2.6",
-       "sglang_model_repo": "moonshotai/Kimi-K2.6", "sglang_model_revision": REVISION}
+       "sglang_model_repo": "moonshotai/Kimi-K2.6", "sglang_model_revision": REVISION, **SPEC}
 
 
 def with_extra(extra):

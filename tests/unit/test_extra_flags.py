@@ -1,5 +1,7 @@
-"""sglang_service_extra_flags judged on the controller by SGLang 0.5.10's own parser data
-(plugins/module_utils/extra_flags.py over sglang_server_args.py, which the oracle checks against the wheel)."""
+"""sglang_service_extra_flags judged on the controller by the target SGLang release's own parser data
+(plugins/module_utils/extra_flags.py over sglang_args_<release>.py, which the oracle checks against each wheel): the
+cases below on 0.5.10 (the release the roles pin), then the flags one supported release has and the other has not,
+refused for the other, and the catalog's flags spelled for each."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags impor
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())
-PRESTAGED = {"sglang_model_source": "prestaged", "sglang_model_path": "/srv/models/Kimi-K2.6"}
+PRESTAGED = {"sglang_model_source": "prestaged", "sglang_model_path": "/srv/models/Kimi-K2.6",
+             "sglang_package_spec": "sglang[all]==0.5.10"}
 EXAMPLE = yaml.safe_load((ROOT / "inventory" / "example" / "group_vars" / "blackwell" / "main.yml").read_text())
 
 
-def problems(flags: dict) -> list[str]:
-    return extra_flag_problems("sglang_service_extra_flags", flags)
+def problems(flags: dict, release: str = "0.5.10") -> list[str]:
+    return extra_flag_problems("sglang_service_extra_flags", flags, release)
 
 
 # The issue's operators' spellings: each passed validate.yml and failed hours later at SGLang's start.
@@ -83,12 +86,102 @@ def test_the_host_check_refuses_a_bad_flag_and_a_bad_port_naming_the_host():
 
 def test_numbers_written_as_text_reach_the_planner_as_numbers():
     assert typed({"mem_fraction_static": "0.85", "context_length": "128k", "max_total_tokens": "1Mi",
-                  "kv_cache_dtype": "fp8_e4m3", "unknown_thing": "7"}) == {
+                  "kv_cache_dtype": "fp8_e4m3", "unknown_thing": "7"}, "0.5.10") == {
         "mem_fraction_static": 0.85, "context_length": 128000, "max_total_tokens": 1048576,
         "kv_cache_dtype": "fp8_e4m3", "unknown_thing": "7"}
 
 
 def test_lists_and_mappings_are_written_as_sglang_reads_them():
     assert profiles.sglang_args({"flags": {"cuda_graph_bs": [1, 2, 4],
-                                           "json_model_override_args": {"rope_scaling": {"factor": 2}}}}) == [
+                                           "json_model_override_args": {"rope_scaling": {"factor": 2}}}},
+                              "0.5.10") == [
         "--cuda-graph-bs", "1", "2", "4", "--json-model-override-args", '{"rope_scaling":{"factor":2}}']
+
+
+# A flag one supported release has and the other has not: 0.5.23 split the CUDA graph settings by phase
+# (arg_groups/fields/exec_.py) and dropped --enable-nan-detection; 0.5.10 has neither --cuda-graph-max-bs-decode nor
+# --attn-dp-size.
+@pytest.mark.parametrize(("flags", "refused_on", "sentence"), [
+    ({"cuda_graph_max_bs": 64}, "0.5.23", "is not a server argument of SGLang 0.5.23 but the start of 2 "
+                                          "(cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill)"),
+    ({"cuda_graph_max_bs_decode": 64}, "0.5.10", "cuda_graph_max_bs_decode is not a server argument of SGLang 0.5.10"),
+    ({"enable_nan_detection": True}, "0.5.23", "enable_nan_detection is not a server argument of SGLang 0.5.23"),
+    ({"disable_piecewise_cuda_graph": True}, "0.5.23", "is not a server argument of SGLang 0.5.23"),
+])
+def test_a_flag_of_one_release_is_refused_for_the_other(flags, refused_on, sentence):
+    other = {"0.5.10": "0.5.23", "0.5.23": "0.5.10"}[refused_on]
+    assert problems(flags, other) == []
+    found = problems(flags, refused_on)
+    assert len(found) == 1 and sentence in found[0], found
+    assert f"It is one of SGLang {other}'s." in found[0], found[0]
+
+
+def test_a_layout_flag_is_refused_by_any_of_its_spellings_in_either_release():
+    for release, flags in (("0.5.10", {"tensor_parallel_size": 4}), ("0.5.23", {"tp_size": 4}),
+                           ("0.5.23", {"attn_dp_size": 8}), ("0.5.23", {"ep": 8})):
+        found = problems(flags, release)
+        assert len(found) == 1 and "changes the GPU layout" in found[0], (release, found)
+
+
+def test_the_host_check_judges_by_the_release_its_spec_pins():
+    flags = {"sglang_service_extra_flags": {"cuda_graph_max_bs_decode": 32}}
+    on_0510 = profiles.host_problems("gpu-1", PRESTAGED | flags, CATALOG, "tp8")
+    assert len(on_0510) == 1 and "not a server argument of SGLang 0.5.10" in on_0510[0], on_0510
+    assert profiles.host_problems("gpu-1", PRESTAGED | flags | {"sglang_package_spec": "sglang==0.5.23"},
+                                  CATALOG, "tp8") == []
+
+
+@pytest.mark.parametrize(("spec", "sentence"), [
+    ("sglang[all]==0.5.9", "sglang_package_spec pins SGLang 0.5.9 for gpu-1, which moefleet has no data for (it "
+                           "supports 0.5.10, 0.5.23); pin sglang[all]==0.5.10 or sglang[all]==0.5.23, or add it to "
+                           "SUPPORTED in plugins/module_utils/sglang_releases.py and run `make oracle-env`"),
+    ("sglang[all]>=0.5.10", "sglang_package_spec is 'sglang[all]>=0.5.10' for gpu-1, which pins no one SGLang "
+                            "release"),
+])
+def test_a_release_without_data_is_refused_naming_the_supported_ones_and_how_to_add_one(spec, sentence):
+    found = profiles.host_problems("gpu-1", PRESTAGED | {"sglang_package_spec": spec,
+                                                        "sglang_service_extra_flags": {"kv_cache_dtype": "fp8"}},
+                                   CATALOG, "tp8")
+    assert len(found) == 1 and sentence in found[0], found  # the flags are not judged against a guess
+
+
+def test_the_catalogs_flags_are_spelled_for_the_target_release():
+    ep8dpa = CATALOG["profiles"]["ep8dpa"]
+    assert "--cuda-graph-max-bs" in profiles.sglang_args(ep8dpa, "0.5.10")
+    on_0523 = profiles.sglang_args(ep8dpa, "0.5.23")
+    assert "--cuda-graph-max-bs-decode" in on_0523 and "--cuda-graph-max-bs" not in on_0523, on_0523
+    assert on_0523[on_0523.index("--cuda-graph-max-bs-decode") + 1] == str(ep8dpa["flags"]["cuda_graph_max_bs"])
+
+
+def test_dp_attention_is_written_as_0_5_23_sizes_it():
+    """0.5.23 rewrites --dp-size N --enable-dp-attention to attn_dp_size=N, dp_size=1 (with a deprecation warning);
+    moefleet writes --attn-dp-size there, and 0.5.10's form on 0.5.10."""
+    flags = CATALOG["profiles"]["ep8dpa"]["flags"]
+    assert flags["enable_dp_attention"] is True and flags["dp_size"] == 8
+    on_0510 = profiles.sglang_args({"flags": flags}, "0.5.10")
+    on_0523 = profiles.sglang_args({"flags": flags}, "0.5.23")
+    assert {"--dp-size", "--enable-dp-attention"} <= set(on_0510), on_0510
+    assert "--attn-dp-size" not in on_0510
+    assert not {"--dp-size", "--enable-dp-attention"} & set(on_0523), on_0523
+    assert on_0523[on_0523.index("--attn-dp-size") + 1] == "8", on_0523
+    plain = profiles.sglang_args({"flags": {"tp_size": 8, "dp_size": 2, "enable_dp_attention": False}}, "0.5.23")
+    assert plain == ["--tp-size", "8", "--dp-size", "2"], plain  # replicas, not attention DP
+
+
+@pytest.mark.parametrize(("inputs", "sentences"), [
+    ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "12.9", "nvidia_driver_branch": 580},
+     ["SGLang 0.5.23 is built for CUDA 13 (cuda-python>=13.0, torch 2.14.1 and cu13 kernels) but gpu-1 sets "
+      "cuda_toolkit_version '12.9': set cuda_toolkit_version to a CUDA 13 release, or pin sglang[all]==0.5.10, which "
+      "this host's stack runs."]),
+    ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 575},
+     ["SGLang 0.5.23 needs CUDA 13, which needs NVIDIA driver branch 580 or newer, but gpu-1 sets "
+      "nvidia_driver_branch 575: set it to 580 or newer."]),
+    ({"sglang_package_spec": "sglang==0.5.10", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 580},
+     ["SGLang 0.5.10 is built for CUDA 12 (cuda-python==12.9 and torch 2.9.1) but gpu-1 sets cuda_toolkit_version "
+      "'13.0': set cuda_toolkit_version to a CUDA 12 release, or pin sglang[all]==0.5.23, which this host's stack "
+      "runs."]),
+    ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 580}, []),
+    ({"sglang_package_spec": "sglang==0.5.10", "cuda_toolkit_version": "12.9", "nvidia_driver_branch": 580}, []),
+])
+def test_the_release_is_paired_with_the_hosts_cuda_and_driver_on_the_controller(inputs, sentences):
+    assert profiles.host_problems("gpu-1", PRESTAGED | inputs, CATALOG, "tp8") == sentences

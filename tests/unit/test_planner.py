@@ -10,7 +10,8 @@ import pytest
 from ansible_collections.moefleet.serving.plugins.module_utils import planner
 from ansible_collections.moefleet.serving.plugins.module_utils.planner import GIB, Layout, plan
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "model-configs"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "model-configs"
 K26 = json.loads((DATA / "kimi-k2.6-config.json").read_text())
 DSV3 = json.loads((DATA / "deepseek-v3-config.json").read_text())
 GPUS, MEM = 8, 94.97
@@ -289,3 +290,37 @@ def test_bad_configs_raise_sentences():
     odd["quantization_config"] = {"quant_method": "awq"}
     with pytest.raises(planner.PlanError, match="unknown to the planner"):
         planner.model_shape(odd)
+
+
+# SGLang 0.5.23's own default --mem-fraction-static for each catalog profile on an RTX PRO 6000 (97,887 MiB), from its
+# resolve_once() with the real wheel (the oracle's resolution path, torch CPU; run during issue 35's research). It
+# keeps the breakable prefill CUDA graph for K2.6 (an allow-listed multimodal architecture) and with DP attention,
+# which 0.5.10's piecewise graphs were not: 1.5 GiB more reserve there, none where pipeline stages turn it off.
+RESOLVED_0_5_23 = {
+    ("K2.6", "tp8"): 0.757810361328125, ("K2.6", "ep8"): 0.757810361328125, ("K2.6", "tp2ep4"): 0.757810361328125,
+    ("K2.6", "tp4ep2"): 0.757810361328125, ("K2.6", "pp8"): 0.7769148242187499,
+    ("K2.6", "tp2pp4"): 0.7769148242187499, ("K2.6", "tp4pp2"): 0.7714564062499999,
+    ("K2.6", "ep8dpa"): 0.7514422070312499,
+    ("DeepSeek-V3", "tp8"): 0.833, ("DeepSeek-V3", "ep8"): 0.833, ("DeepSeek-V3", "tp2ep4"): 0.833,
+    ("DeepSeek-V3", "tp4ep2"): 0.833, ("DeepSeek-V3", "pp8"): 0.854, ("DeepSeek-V3", "tp2pp4"): 0.854,
+    ("DeepSeek-V3", "tp4pp2"): 0.848, ("DeepSeek-V3", "ep8dpa"): 0.826,
+}
+
+
+@pytest.mark.parametrize(("model", "profile"), sorted(RESOLVED_0_5_23))
+def test_the_default_fraction_of_0_5_23_is_its_own(model, profile):
+    import yaml  # noqa: PLC0415
+
+    flags = yaml.safe_load((ROOT / "profiles" / "catalog.yml").read_text())["profiles"][profile]["flags"]
+    shape = planner.model_shape(K26 if model == "K2.6" else DSV3)
+    layout = planner.Layout.from_flags({k: v for k, v in flags.items() if k != "mem_fraction_static"})
+    got = planner.default_mem_fraction_static(SMI_MIB, layout, shape.vision, "0.5.23", shape.architecture)
+    assert got == pytest.approx(RESOLVED_0_5_23[(model, profile)], abs=1e-9)
+    on_0510 = planner.default_mem_fraction_static(SMI_MIB, layout, shape.vision, "0.5.10", shape.architecture)
+    prefill_graph_now = planner.prefill_cuda_graphs(layout, shape.multimodal, "0.5.23", shape.architecture)
+    assert (on_0510 > got) == (prefill_graph_now and not planner.prefill_cuda_graphs(layout, shape.multimodal))
+
+
+def test_a_release_the_planner_does_not_know_is_refused():
+    with pytest.raises(planner.PlanError, match="no memory arithmetic of SGLang 0.6.0"):
+        planner.prefill_cuda_graphs(planner.Layout(tp=8), False, "0.6.0")

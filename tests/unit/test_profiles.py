@@ -173,14 +173,14 @@ def test_ladders_follow_fallbacks_to_null():
 
 
 def test_sglang_args_come_from_profile_data_in_order():
-    assert profiles.sglang_args(CATALOG["profiles"]["tp2ep4"]) == [
+    assert profiles.sglang_args(CATALOG["profiles"]["tp2ep4"], "0.5.10") == [
         "--tp-size", "8", "--ep-size", "4", "--mem-fraction-static", "0.79",
     ]  # fmt: skip
-    assert profiles.sglang_args(CATALOG["profiles"]["ep8dpa"]) == [
+    assert profiles.sglang_args(CATALOG["profiles"]["ep8dpa"], "0.5.10") == [
         "--tp-size", "8", "--ep-size", "8", "--dp-size", "8", "--enable-dp-attention",
         "--mem-fraction-static", "0.92", "--cuda-graph-max-bs", "64",
     ]  # fmt: skip
-    assert profiles.sglang_args({"flags": {"tp_size": 2, "enable_dp_attention": False, "x": None}}) == [
+    assert profiles.sglang_args({"flags": {"tp_size": 2, "enable_dp_attention": False, "x": None}}, "0.5.10") == [
         "--tp-size",
         "2",
     ]

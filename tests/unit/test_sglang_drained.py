@@ -29,10 +29,24 @@ class Clock:
         self.now += seconds
 
 
+def loads(total: int, release: str) -> dict:
+    """A /v1/loads?include=core answer holding ``total`` requests, in the release's shape: 0.5.10 adds an aggregate
+    (entrypoints/v1_loads.py, _compute_aggregate); 0.5.23 lists each DP rank's core fields only
+    (managers/load_snapshot.py LoadSnapshot.to_dict), here two ranks that share the requests."""
+    if release == "0.5.10":
+        return {"dp_rank_count": 1, "loads": [{"dp_rank": 0, "num_running_reqs": total, "num_waiting_reqs": 0,
+                                              "num_total_reqs": total}], "aggregate": {"total_reqs": total}}
+    first = total // 2
+    return {"version": release, "num_accelerators": 8, "loads": [
+        {"dp_rank": 0, "num_running_reqs": first, "num_waiting_reqs": 0, "token_usage": 0.1},
+        {"dp_rank": 1, "num_running_reqs": 0, "num_waiting_reqs": total - first, "token_usage": 0.0}]}
+
+
 class Server:
     """SGLang's /v1/loads as the drain sees it: a key it requires, and the counts it reports in turn."""
 
-    def __init__(self, counts: list[int], key: str = "", status: int = 200, silent: bool = False) -> None:
+    def __init__(self, counts: list[int], key: str = "", status: int = 200, silent: bool = False,
+                 release: str = "0.5.10") -> None:
         self.counts, self.key, self.status, self.silent, self.asked = list(counts), key, status, silent, []
         outer = self
 
@@ -48,7 +62,7 @@ class Server:
                     self.send_error(outer.status if outer.status != 200 else 404)
                     return
                 total = outer.counts.pop(0) if len(outer.counts) > 1 else outer.counts[0]
-                body = json.dumps({"aggregate": {"total_reqs": total}, "loads": []}).encode()
+                body = json.dumps(loads(total, release)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -183,3 +197,21 @@ def test_the_unit_state_is_read_from_systemctl():
     assert sglang_drained.main_pid("sglang.service", systemctl("active", "77")) == 77
     assert sglang_drained.main_pid("sglang.service", systemctl("activating", "77")) == 0  # loading: no requests
     assert sglang_drained.main_pid("sglang.service", systemctl("inactive", "0")) == 0
+
+
+def test_a_0_5_23_answer_without_an_aggregate_is_summed_over_its_ranks(credential):
+    """SGLang 0.5.23's /v1/loads has no aggregate: the drain sums each rank's running and waiting requests."""
+    server = Server([3, 1, 0], key=KEY, release="0.5.23")
+    try:
+        result = drain(server.port)
+    finally:
+        server.close()
+    assert result["drained"] and result["requests"] == 0, result
+    assert len(server.asked) == 3, server.asked
+
+
+def test_an_answer_with_neither_shape_is_not_drained():
+    assert sglang_drained.total_requests({"loads": []}) is None
+    assert sglang_drained.total_requests({"loads": [{"dp_rank": 0, "num_running_reqs": 0}]}) is None
+    assert sglang_drained.total_requests({"aggregate": {}, "loads": [{"num_running_reqs": 1,
+                                                                      "num_waiting_reqs": 2}]}) == 3

@@ -395,3 +395,25 @@ def test_a_cuda_graph_failure_that_is_not_an_oom_is_a_crash():
 )
 def test_advice_follows_the_phase(state, phase, cause, must):
     assert re.search(must, advice_for(state, phase, cause))
+
+
+# SGLang 0.5.23's renamed startup lines, as its format strings write them (srt/distributed/bootstrap.py,
+# model_executor/model_runner_components/cuda_graph_setup.py): each moves the phase as 0.5.10's line did.
+@pytest.mark.parametrize(("line", "phase"), [
+    ("[2026-10-01 00:00:00 TP0] Init parallel begin.", "nccl_init"),
+    ("[2026-10-01 00:00:01 TP0] Init parallel ends. elapsed=0.84 s, mem usage=0.10 GB", "weight_load"),
+    ("[2026-10-01 00:00:09 TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+     "avail mem=12.31 GB", "cuda_graph"),
+    ("[2026-10-01 00:00:20 TP0] Capture target prefill CUDA graph begin. backend=breakable, num_tokens=8192",
+     "cuda_graph"),
+    ("[2026-10-01 00:00:31 TP0] Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=11.2 s, "
+     "mem usage=1.21 GB, avail mem=11.10 GB", "warmup"),
+])
+def test_0_5_23s_startup_lines_move_the_phase(line, phase):
+    follower = LogFollower(started_at=0.0)
+    if phase not in ("nccl_init", "weight_load"):  # the graphs are captured after the weights and the KV pool
+        follower.feed("[2026-10-01 00:00:08 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000", now=1.0)
+    before = follower.verdict(now=1.5, hang_seconds=600).phase
+    follower.feed(line, now=2.0)
+    assert (before, follower.verdict(now=3.0, hang_seconds=600).phase) != (phase, phase)
+    assert follower.verdict(now=3.0, hang_seconds=600).phase == phase
