@@ -1,8 +1,9 @@
 """The server arguments of SGLang 0.5.10 (``ServerArgs.add_cli_args``), as data, for checking
 ``sglang_service_extra_flags`` on the controller before any host is contacted.
 
-Generated from the pinned wheel's own parser by tests/oracle/server_args_data.py; tests/oracle/test_oracle.py
-fails when it no longer matches the wheel. Do not edit by hand.
+Generated from the sglang==0.5.10 wheel's own parser by tests/oracle/server_args_data.py (rerun it:
+``.venv/bin/python tests/oracle/server_args_data.py 0.5.10``); tests/oracle/test_oracle.py fails when it no longer
+matches the wheel. Do not edit by hand.
 
 ARGUMENTS: each argument by its name as moefleet writes flags (its first long option without dashes,
 ``-`` as ``_``): ``(kind, type, choices, options)``. kind: ``switch`` (a bare flag), ``value`` (one value) or

@@ -20,6 +20,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session", autouse=True)
 def oracle_venv():
-    if not env.ready():
-        pytest.fail(f"The real-SGLang oracle is not built for sglang {env.pinned_version()} ({env.cache_dir()}): "
-                    "run `make oracle-env` (needs PyPI once).", pytrace=False)
+    missing = [f"sglang {v} ({env.cache_dir(v)})" for v in env.supported() if not env.ready(v)]
+    if missing:
+        pytest.fail(f"The real-SGLang oracle is not built for {', '.join(missing)}: run `make oracle-env` "
+                    "(needs PyPI once).", pytrace=False)

@@ -1,18 +1,22 @@
-"""Runs real SGLang (the pinned release, in the oracle venv) and answers in JSON; see tests/oracle/README.md.
+"""Runs real SGLang (the release of the oracle venv it runs in) and answers in JSON; see tests/oracle/README.md.
 
-Run with the oracle venv's python: ``driver.py < requests.json > answers.json``. The input is a JSON list
+Run with an oracle venv's python: ``driver.py < requests.json > answers.json``. The input is a JSON list
 of requests, the output the list of answers, in order:
 
 - ``{"op": "parse", "argv": [...]}``: SGLang's own parser (``ServerArgs.add_cli_args``, and
   ``ConfigArgumentMerger`` for ``--config``, as ``prepare_server_args`` does) on the argv.
   Answer: ``{"accepted": bool, "error": text or null, "values": {field: value}, "types": {field: type}}``
-  for every ServerArgs field, as ``ServerArgs.from_cli_args`` hands them over (before ``__post_init__``).
+  for every ServerArgs field, as ``ServerArgs.from_cli_args`` hands them over (before ``__post_init__``, or on
+  releases whose ServerArgs is a msgspec record, 0.5.23 on, before ``resolve_once``).
 - ``{"op": "arguments"}``: every argument of SGLang's parser as data (``server_args.arguments``).
 - ``{"op": "server_args", "argv": [...], "model_config": {...}}``: ``prepare_server_args(argv)``
   with ``--model-path`` (replaced or added) a directory holding that config.json, so every default
   ``ServerArgs.__post_init__`` computes (GPU memory settings, the VLM adjustment through SGLang's own
   model-config classes, parallel sizes) is SGLang's. Answer: ``{"ok": true, "server_args": {field: value}}`` (all of
-  ``dataclasses.asdict``, JSON-safe) or ``{"ok": false, "error": "Type: message"}``.
+  ``dataclasses.asdict``, JSON-safe) or ``{"ok": false, "error": "Type: message"}``. On a release whose ServerArgs
+  is a msgspec record (0.5.23 on), the defaults are computed by ``resolve_once()`` and the fields are
+  ``resolved_dict()``, what that release's ``/server_info`` serves (``cuda_graph_max_bs`` is
+  ``cuda_graph_config.decode.max_bs`` there).
 
 - ``{"op": "chat", "request": {...}, "text": raw, "finish_reason": {...}, "reasoning_parser": name or null,
   "tool_call_parser": name or null}``: what ``serving_chat`` makes of a model's raw ``text`` for the chat ``request``
@@ -35,7 +39,8 @@ of requests, the output the list of answers, in order:
   Answer: ``{"ok": true, "families": {name: {"type", "help", "samples"}}}`` or ``{"ok": false, "error"}``.
 
 Only GPU probing is replaced (``gpu.py``), and for the metrics ops the module that needs CUDA kernels
-(metrics_driver.py says which): nothing else of SGLang is touched.
+(metrics_driver.py says which): nothing else of SGLang is touched. The chat and metrics ops were written against
+0.5.10's modules.
 """
 
 from __future__ import annotations
@@ -70,7 +75,27 @@ sys.path.insert(1, str(HERE / "standins"))
 from sglang.srt.configs import model_config as _model_config  # noqa: E402,F401  (ServerArgs imports it lazily)
 from sglang.srt.server_args import ServerArgs, prepare_server_args  # noqa: E402
 
+# 0.5.10's ServerArgs is a dataclass whose __post_init__ computes the defaults; from 0.5.23 on it is a msgspec
+# record (arg_groups/) that resolve_once() resolves, through handler modules it imports lazily.
+RECORD = not dataclasses.is_dataclass(ServerArgs)
+if RECORD:
+    import importlib  # noqa: E402
+    import pkgutil  # noqa: E402
+
+    from sglang.srt import arg_groups  # noqa: E402
+
+    # Imported now, like the modules above, so they too take their CPU code paths (installing the GPU answers
+    # first makes a quantization module reached from them import sgl_kernel).
+    for _hook in pkgutil.iter_modules(arg_groups.__path__):
+        if _hook.name.endswith("_hook") or _hook.name == "pipeline":
+            importlib.import_module(f"sglang.srt.arg_groups.{_hook.name}")
+
 gpu.install()
+if RECORD:
+    # The platform object is resolved once, on first use; any import above may have resolved it as CPU.
+    import sglang.srt.platforms as _platforms  # noqa: E402
+
+    _platforms._current_platform = None
 
 logging.disable(logging.WARNING)
 
@@ -97,23 +122,38 @@ def parse(argv: list[str]) -> dict:
     try:
         with contextlib.redirect_stderr(err):
             if "--config" in argv:
-                from sglang.srt.server_args_config_parser import ConfigArgumentMerger
-
-                argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+                argv = _config_merger()(parser).merge_config_with_args(argv)
             ns = parser.parse_args(argv)
     except SystemExit:
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
         return {"accepted": False, "error": lines[-1] if lines else "argparse exited", "values": {}, "types": {}}
-    # ServerArgs' own field names (from_cli_args maps --tp-size's dest tensor_parallel_size to tp_size, ...);
-    # __post_init__, which needs a model, is what the server_args op runs.
-    fields = dataclasses.asdict(_Unchecked.from_cli_args(ns))
+    # ServerArgs' own field names (0.5.10's from_cli_args maps --tp-size's dest tensor_parallel_size to tp_size,
+    # ...); the defaults, which need a model, are what the server_args op computes.
+    fields = _fields(ServerArgs.from_cli_args(ns)) if RECORD else dataclasses.asdict(_Unchecked.from_cli_args(ns))
     return {"accepted": True, "error": None, "values": _jsonable(fields),
             "types": {name: type(v).__name__ for name, v in fields.items()}}
 
 
-class _Unchecked(ServerArgs):
-    def __post_init__(self):
-        pass
+def _config_merger():
+    """``ConfigArgumentMerger``, which ``prepare_server_args`` runs on ``--config`` (moved to utils/ in 0.5.23)."""
+    try:
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+    except ImportError:
+        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+    return ConfigArgumentMerger
+
+
+def _fields(record) -> dict:
+    """A msgspec ServerArgs' fields, as the release's own ``record_fields`` lists them."""
+    from sglang.srt.arg_groups.arg_utils import record_fields
+
+    return {f.name: getattr(record, f.name) for f in record_fields(type(record))}
+
+
+if not RECORD:
+    class _Unchecked(ServerArgs):
+        def __post_init__(self):
+            pass
 
 
 def server_args(argv: list[str], model_config: dict) -> dict:
@@ -129,18 +169,21 @@ def server_args(argv: list[str], model_config: dict) -> dict:
         try:
             with contextlib.redirect_stderr(err):
                 args = prepare_server_args(full)
+                if RECORD:
+                    args.resolve_once()
         except SystemExit:
             return {"ok": False, "error": "SystemExit: " + err.getvalue().strip().splitlines()[-1]}
         except Exception as exc:  # noqa: BLE001 - SGLang's own refusal is the answer
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+        fields = args.resolved_dict() if RECORD else {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
         fields["model_path"] = fields["tokenizer_path"] = "<model dir>"
         return {"ok": True, "server_args": _jsonable(fields)}
 
 
 def arguments() -> dict:
-    """SGLang's parser as data, the shape of plugins/module_utils/sglang_server_args.py's ARGUMENTS: for each
-    argument, by its ServerArgs field name (the first long option without dashes, as moefleet writes flags):
+    """SGLang's parser as data, the shape of ARGUMENTS in plugins/module_utils/sglang_args_<release>.py: for each
+    argument, by its name as moefleet writes flags (the first long option without dashes; 0.5.10's first is often
+    the long spelling, --tensor-parallel-size, 0.5.23's the short one, --tp-size):
     ``{"options": [...], "kind": "switch" | "value" | "list", "type": "int" | "float" | "str" | "json" | "bool",
     "choices": [...] or null}``."""
     out = {}

@@ -33,17 +33,20 @@ class OracleMissing(RuntimeError):
     pass
 
 
-def ask(requests: list[dict]) -> list[dict]:
-    """Answers of real SGLang (driver.py) to ``requests``, in order."""
-    if not env.ready():
+def ask(requests: list[dict], version: str | None = None) -> list[dict]:
+    """Answers of real SGLang ``version`` (driver.py in that release's venv; default: the release the roles pin) to
+    ``requests``, in order."""
+    version = version or env.pinned_version()
+    if not env.ready(version):
         raise OracleMissing(
-            f"The SGLang {env.pinned_version()} oracle venv is not built ({env.cache_dir()}): run `make oracle-env` "
+            f"The SGLang {version} oracle venv is not built ({env.cache_dir(version)}): run `make oracle-env` "
             "(it needs PyPI once, then works offline)."
         )
-    proc = subprocess.run([str(env.python()), str(DRIVER)], input=json.dumps(requests), text=True,
+    proc = subprocess.run([str(env.python(version)), str(DRIVER)], input=json.dumps(requests), text=True,
                           capture_output=True, timeout=900)
     if proc.returncode != 0:
-        raise RuntimeError(f"the oracle driver failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"the SGLang {version} oracle driver failed (exit {proc.returncode}):\n"
+                           f"{proc.stderr[-3000:]}")
     return json.loads(proc.stdout)
 
 
@@ -67,15 +70,15 @@ def without_mem_fraction(flags: dict) -> dict:
     return {k: v for k, v in flags.items() if k != "mem_fraction_static"}
 
 
-def rendered_args(flags: dict, service: dict) -> list[str]:
+def rendered_args(flags: dict, service: dict, release: str | None = None) -> list[str]:
     """The argv the sglang_service role renders (roles/sglang_service/vars/main.yml, _sglang_service_args):
     model path, served name, host and port, the served model's flags, the metrics flags, then the flags, through the
-    product's own filters."""
+    product's own filters, spelled for SGLang ``release`` (default: the release the roles pin)."""
     head = {"model_path": service["sglang_model_path"],
             "served_model_name": service["sglang_service_served_model_name"],
             "host": service["sglang_service_host"], "port": service["sglang_service_port"]}
     return product_filters()["profile_args"]({"flags": {**head, **model_flags(service), **metrics_flags(service, flags),
-                                                        **flags}})
+                                                        **flags}}, release or env.pinned_version())
 
 
 def model_flags(service: dict) -> dict:

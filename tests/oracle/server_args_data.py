@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Writes plugins/module_utils/sglang_server_args.py: the pinned SGLang's server arguments as data, read from its
-own parser (driver.py's ``arguments`` op, in the oracle venv). tests/oracle/test_oracle.py checks the file
-against the wheel; rerun this when roles/sglang/defaults/main.yml pins another release:
+"""Writes plugins/module_utils/sglang_args_<release>.py (0.5.23's as sglang_args_0_5_23.py) for every release
+plugins/module_utils/sglang_releases.py supports: that SGLang's server arguments as data, read from its own parser
+(driver.py's ``arguments`` op, in that release's oracle venv). tests/oracle/test_oracle.py checks each file against
+its wheel; rerun this when a release is added to SUPPORTED (``make oracle-env`` first builds its venv):
 
-    .venv/bin/python tests/oracle/server_args_data.py
+    .venv/bin/python tests/oracle/server_args_data.py [VERSION]
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ sys.path.insert(0, str(HERE))
 import env  # noqa: E402
 import oracle  # noqa: E402
 
-TARGET = env.ROOT / "plugins" / "module_utils" / "sglang_server_args.py"
+MODULE_UTILS = env.ROOT / "plugins" / "module_utils"
 WIDTH = 120  # ruff's line length (pyproject.toml); ansible-test's pep8 allows 160
 
 HEADER = '''"""The server arguments of SGLang {version} (``ServerArgs.add_cli_args``), as data, for checking
 ``sglang_service_extra_flags`` on the controller before any host is contacted.
 
-Generated from the pinned wheel's own parser by tests/oracle/server_args_data.py; tests/oracle/test_oracle.py
-fails when it no longer matches the wheel. Do not edit by hand.
+Generated from the sglang=={version} wheel's own parser by tests/oracle/server_args_data.py (rerun it:
+``.venv/bin/python tests/oracle/server_args_data.py {version}``); tests/oracle/test_oracle.py fails when it no longer
+matches the wheel. Do not edit by hand.
 
 ARGUMENTS: each argument by its name as moefleet writes flags (its first long option without dashes,
 ``-`` as ``_``): ``(kind, type, choices, options)``. kind: ``switch`` (a bare flag), ``value`` (one value) or
@@ -60,15 +62,25 @@ def render(arguments: dict, version: str) -> str:
     return "".join(lines)
 
 
-def current() -> str:
-    """The file as the wheel's parser says it should be."""
-    return render(oracle.ask([{"op": "arguments"}])[0], env.pinned_version())
+def target(version: str) -> Path:
+    """The release's data file: sglang_args_0_5_23.py for 0.5.23."""
+    return MODULE_UTILS / f"sglang_args_{version.replace('.', '_')}.py"
 
 
-def main() -> None:
-    TARGET.write_text(current())
-    print(f"wrote {TARGET.relative_to(env.ROOT)}")
+def current(version: str) -> str:
+    """The release's file as its wheel's parser says it should be."""
+    return render(oracle.ask([{"op": "arguments"}], version)[0], version)
+
+
+def main(argv: list[str]) -> None:
+    releases = env.supported()
+    for version in argv or releases:
+        if version not in releases:
+            raise SystemExit(f"SGLang {version} is not a supported release; "
+                             f"{env.RELEASES_FILE.relative_to(env.ROOT)} names {', '.join(releases)}.")
+        target(version).write_text(current(version))
+        print(f"wrote {target(version).relative_to(env.ROOT)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
