@@ -1,4 +1,9 @@
-"""Real SGLang (the pinned release, run by driver.py in the oracle venv) judges the product and the simulator."""
+"""Real SGLang (each supported release, run by driver.py in its oracle venv) judges the product and the simulator.
+
+What the product does for every release it supports (plugins/module_utils/sglang_releases.py), the flags it emits and
+refuses and the planner's default, is judged by each release's own code; the simulator, which mimics 0.5.10's
+command line and defaults, by 0.5.10.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,13 @@ import functools
 
 import oracle
 import pytest
-from ansible_collections.moefleet.serving.plugins.module_utils import answer_check, planner, rollback
+from ansible_collections.moefleet.serving.plugins.module_utils import answer_check, planner, rollback, sglang_releases
 
 PROFILES = oracle.catalog()["profiles"]
 TOLERANCE = 0.002
+RELEASES = oracle.env.supported()
+# The release whose command line and ServerArgs defaults the simulator (sim/sglang) reproduces.
+SIMULATED_RELEASE = "0.5.10"
 
 
 # --- 1. every flag the product can emit is one SGLang's parser accepts, with the type it expects ------------
@@ -33,8 +41,8 @@ def _service_sources() -> dict[str, dict]:
     return {"role defaults": defaults, "inventory/example": inventory}
 
 
-def _emitted() -> list[tuple[str, dict, list[str]]]:
-    """(what, flags, argv) for every profile x service settings x rollback tuning."""
+def _emitted(release: str) -> list[tuple[str, dict, list[str]]]:
+    """(what, flags, argv) for every profile x service settings x rollback tuning, rendered for ``release``."""
     out = []
     for source, service in _service_sources().items():
         for name, profile in PROFILES.items():
@@ -43,7 +51,7 @@ def _emitted() -> list[tuple[str, dict, list[str]]]:
                 what = f"{name} with {source}" + (f" and rollback tuning {tuning}" if tuning else "")
                 out.append((what, {**_head(service), **oracle.model_flags(service),
                                    **oracle.metrics_flags(service, flags), **flags},
-                            oracle.rendered_args(flags, service)))
+                            oracle.rendered_args(flags, service, release)))
     return out
 
 
@@ -53,16 +61,18 @@ def _head(service: dict) -> dict:
             "host": service["sglang_service_host"], "port": service["sglang_service_port"]}
 
 
-def test_every_emitted_flag_is_accepted_with_its_type():
-    emitted = _emitted()
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_emitted_flag_is_accepted_with_its_type(release):
+    emitted = _emitted(release)
     assert any(tuning for name, p in PROFILES.items() for tuning in _tunings(name, p)), "no rollback tuning seen"
-    answers = oracle.ask([{"op": "parse", "argv": argv} for _, _, argv in emitted])
+    answers = oracle.ask([{"op": "parse", "argv": argv} for _, _, argv in emitted], release)
     problems = []
     for (what, flags, argv), answer in zip(emitted, answers, strict=True):
         if not answer["accepted"]:
-            problems.append(f"{what}: SGLang rejects {' '.join(argv)}: {answer['error']}")
+            problems.append(f"{what}: SGLang {release} rejects {' '.join(argv)}: {answer['error']}")
             continue
-        for key, value in flags.items():
+        # each flag under the name the release gives it (0.5.23: cuda_graph_max_bs_decode, attn_dp_size)
+        for key, value in sglang_releases.spelled_for(flags, release).items():
             if value is None or value is False:
                 continue
             if key not in answer["values"]:
@@ -72,29 +82,33 @@ def test_every_emitted_flag_is_accepted_with_its_type():
             same_type = type(value).__name__ == answer["types"][key] or (
                 isinstance(value, int) and not isinstance(value, bool) and answer["types"][key] == "float")
             if parsed != value or not same_type:
-                problems.append(f"{what}: {key}={value!r} ({type(value).__name__}) is parsed by SGLang as "
-                                f"{parsed!r} ({answer['types'][key]})")
+                problems.append(f"{what}: {key}={value!r} ({type(value).__name__}) is parsed by SGLang {release} "
+                                f"as {parsed!r} ({answer['types'][key]})")
     assert not problems, "\n".join(problems)
 
 
-def test_parser_rejects_what_sglang_rejects():
+@pytest.mark.parametrize("release", RELEASES)
+def test_parser_rejects_what_sglang_rejects(release):
     """The judge can say no: a kv-cache dtype SGLang does not know, and a flag it does not have."""
     bad = [["--model-path", "/m", "--kv-cache-dtype", "fp8"], ["--model-path", "/m", "--tp-size", "eight"],
            ["--model-path", "/m", "--expert-groups", "4"]]
-    answers = oracle.ask([{"op": "parse", "argv": argv} for argv in bad])
+    answers = oracle.ask([{"op": "parse", "argv": argv} for argv in bad], release)
     assert [a["accepted"] for a in answers] == [False, False, False]
     assert "invalid choice: 'fp8'" in answers[0]["error"]
     assert "invalid int value: 'eight'" in answers[1]["error"]
     assert "unrecognized arguments: --expert-groups 4" in answers[2]["error"]
 
 
-def test_the_controllers_flag_data_is_the_wheels_parser():
-    """plugins/module_utils/sglang_server_args.py (what the controller judges sglang_service_extra_flags by) is what
-    the pinned SGLang's parser says today; regenerate it with tests/oracle/server_args_data.py."""
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_controllers_flag_data_is_the_wheels_parser(release):
+    """plugins/module_utils/sglang_args_<release>.py (what the controller judges sglang_service_extra_flags by for
+    that release) is what that SGLang's parser says today; regenerate it with tests/oracle/server_args_data.py."""
     import server_args_data  # noqa: PLC0415  (tests/oracle)
 
-    assert server_args_data.TARGET.read_text() == server_args_data.current(), (
-        "sglang_server_args.py is out of date: run .venv/bin/python tests/oracle/server_args_data.py")
+    target = server_args_data.target(release)
+    assert target.exists(), f"{target.name} is missing: run .venv/bin/python tests/oracle/server_args_data.py {release}"
+    assert target.read_text() == server_args_data.current(release), (
+        f"{target.name} is out of date: run .venv/bin/python tests/oracle/server_args_data.py {release}")
 
 
 # Flags of both kinds, as an operator writes them in sglang_service_extra_flags: the controller's verdict must be
@@ -109,7 +123,8 @@ PARSER_CASES = [
 ]
 
 
-def test_the_controller_refuses_exactly_what_sglangs_parser_refuses():
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_controller_refuses_exactly_what_sglangs_parser_refuses(release):
     from ansible_collections.moefleet.serving.plugins.module_utils import profiles  # noqa: PLC0415
     from ansible_collections.moefleet.serving.plugins.module_utils.extra_flags import (  # noqa: PLC0415
         OWNED,
@@ -121,11 +136,12 @@ def test_the_controller_refuses_exactly_what_sglangs_parser_refuses():
         """The controller's judgement of the values: a flag a role variable owns (the parsers, the context length)
         is refused in sglang_service_extra_flags for that reason, and its value judged where the variable is
         (profiles.served_model_problems, through the same value_problem)."""
-        found = [p for p in extra_flag_problems("sglang_service_extra_flags", flags) if "is set by the role" not in p]
-        return found + [p for k, v in flags.items() if k in OWNED and (p := value_problem(k, v))]
+        found = [p for p in extra_flag_problems("sglang_service_extra_flags", flags, release)
+                 if "is set by the role" not in p]
+        return found + [p for k, v in flags.items() if k in OWNED and (p := value_problem(k, v, release))]
 
-    argvs = [["--model-path", "/m", *profiles.sglang_args({"flags": flags})] for flags in PARSER_CASES]
-    answers = oracle.ask([{"op": "parse", "argv": argv} for argv in argvs])
+    argvs = [["--model-path", "/m", *profiles.sglang_args({"flags": flags}, release)] for flags in PARSER_CASES]
+    answers = oracle.ask([{"op": "parse", "argv": argv} for argv in argvs], release)
     disagree = [(argv, real["error"], found) for argv, real, found in zip(
         argvs, answers, (ours(f) for f in PARSER_CASES), strict=True)
         if real["accepted"] != (found == [])]
@@ -144,30 +160,32 @@ CASES = [(c, p) for c in CONFIGS for p in PROFILES]
 
 
 @functools.cache
-def _real_server_args() -> dict:
+def _real_server_args(release: str) -> dict:
     service = oracle.role_defaults("sglang_service")
     requests = [{"op": "server_args", "model_config": CONFIGS[c](),
-                 "argv": oracle.rendered_args(oracle.without_mem_fraction(PROFILES[p]["flags"]), service)}
+                 "argv": oracle.rendered_args(oracle.without_mem_fraction(PROFILES[p]["flags"]), service, release)}
                 for c, p in CASES]
-    return dict(zip(CASES, oracle.ask(requests), strict=True))
+    return dict(zip(CASES, oracle.ask(requests, release), strict=True))
 
 
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize(("config", "profile"), CASES, ids=[f"{c}-{p}" for c, p in CASES])
-def test_planner_default_mem_fraction_is_sglangs(config, profile):
-    answer = _real_server_args()[(config, profile)]
-    assert answer["ok"], f"real SGLang refuses {profile} on {config}: {answer['error']}"
+def test_planner_default_mem_fraction_is_sglangs(config, profile, release):
+    answer = _real_server_args(release)[(config, profile)]
+    assert answer["ok"], f"real SGLang {release} refuses {profile} on {config}: {answer['error']}"
     real = answer["server_args"]["mem_fraction_static"]
     flags = oracle.without_mem_fraction(PROFILES[profile]["flags"])
     planned = planner.plan(CONFIGS[config](), oracle.GPUS, oracle.GPU_MEMORY_GIB, flags,
-                           smi_memory_mib=oracle.SMI_MEMORY_MIB).mem_fraction_static
+                           smi_memory_mib=oracle.SMI_MEMORY_MIB, release=release).mem_fraction_static
     assert planned == pytest.approx(real, abs=TOLERANCE), (
-        f"{profile} on {config}: the planner assumes SGLang's default --mem-fraction-static is {planned:.4f}, "
-        f"real SGLang {oracle.env.pinned_version()} computes {real:.4f}")
+        f"{profile} on {config}: the planner assumes SGLang {release}'s default --mem-fraction-static is "
+        f"{planned:.4f}, real SGLang {release} computes {real:.4f}")
 
 
-def test_the_vision_tower_changes_sglangs_default():
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_vision_tower_changes_sglangs_default(release):
     """The three configs really differ in SGLang's eyes, so the planner test cannot pass by accident."""
-    by_config = {c: _real_server_args()[(c, "tp8")]["server_args"]["mem_fraction_static"] for c in CONFIGS}
+    by_config = {c: _real_server_args(release)[(c, "tp8")]["server_args"]["mem_fraction_static"] for c in CONFIGS}
     assert len({round(v, 4) for v in by_config.values()}) == 3, by_config
 
 
@@ -181,8 +199,8 @@ COMPARED = ["tp_size", "pp_size", "ep_size", "dp_size", "enable_dp_attention", "
 def _real_for_profiles() -> dict:
     service = oracle.role_defaults("sglang_service")
     requests = [{"op": "server_args", "model_config": oracle.model_config(oracle.SIM_K26_CONFIG),
-                 "argv": oracle.rendered_args(PROFILES[p]["flags"], service)} for p in PROFILES]
-    return dict(zip(PROFILES, oracle.ask(requests), strict=True))
+                 "argv": oracle.rendered_args(PROFILES[p]["flags"], service, SIMULATED_RELEASE)} for p in PROFILES]
+    return dict(zip(PROFILES, oracle.ask(requests, SIMULATED_RELEASE), strict=True))
 
 
 def _differences(real: dict, seen: dict, where: str) -> list[str]:
@@ -200,7 +218,8 @@ def test_simulator_server_args_are_sglangs(profile):
     answer = _real_for_profiles()[profile]
     assert answer["ok"], f"real SGLang refuses {profile}: {answer['error']}"
     real = answer["server_args"]
-    sim = oracle.run_simulator(oracle.rendered_args(PROFILES[profile]["flags"], oracle.role_defaults("sglang_service")))
+    sim = oracle.run_simulator(oracle.rendered_args(PROFILES[profile]["flags"], oracle.role_defaults("sglang_service"),
+                                                    SIMULATED_RELEASE))
     assert sim["server_args_line"], f"the simulator printed no server_args= line:\n{sim['log']}"
     problems = _differences(real, oracle.parse_server_args_line(sim["server_args_line"]), "server_args=")
     if sim["server_info"] is not None:
