@@ -20,21 +20,24 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.moefleet.serving.plugins.module_utils.sglang_releases import ARGUMENTS
+from ansible_collections.moefleet.serving.plugins.module_utils.sglang_releases import ARGUMENTS, RENAMED
 
 _SPELLINGS: dict[str, dict[str, str]] = {}
 
 
 def spellings(release: str) -> dict[str, str]:
     """Every spelling the release's parser takes (tp_size, tensor_parallel_size, ep, ...), as moefleet writes flags
-    (``--`` dropped, ``-`` as ``_``), to the argument's name."""
+    (``--`` dropped, ``-`` as ``_``), to the argument's name; and moefleet's own name of an argument the release
+    renamed (sglang_releases.RENAMED: ``cuda_graph_max_bs`` on 0.5.23), which the roles write under its new name."""
     if release not in _SPELLINGS:
-        _SPELLINGS[release] = {
+        known = {
             option[2:].replace("-", "_"): name
             for name, (_kind, _type, _choices, options) in ARGUMENTS[release].items()
             for option in options
             if option.startswith("--")
         }
+        known.update({old: known[new] for old, new in RENAMED[release].items() if new in known})
+        _SPELLINGS[release] = known
     return _SPELLINGS[release]
 
 

@@ -102,15 +102,15 @@ def test_lists_and_mappings_are_written_as_sglang_reads_them():
 # (arg_groups/fields/exec_.py) and dropped --enable-nan-detection; 0.5.10 has neither --cuda-graph-max-bs-decode nor
 # --attn-dp-size.
 @pytest.mark.parametrize(("flags", "refused_on", "sentence"), [
-    ({"cuda_graph_max_bs": 64}, "0.5.23", "is not a server argument of SGLang 0.5.23 but the start of 2 "
-                                          "(cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill)"),
+    ({"cuda_graph_max_bs_prefill": 64}, "0.5.10", "not a server argument of SGLang 0.5.10"),
     ({"cuda_graph_max_bs_decode": 64}, "0.5.10", "cuda_graph_max_bs_decode is not a server argument of SGLang 0.5.10"),
+    ({"cuda_graph_backend_prefill": "disabled"}, "0.5.10", "not a server argument of SGLang 0.5.10"),
     ({"enable_nan_detection": True}, "0.5.23", "enable_nan_detection is not a server argument of SGLang 0.5.23"),
     ({"disable_piecewise_cuda_graph": True}, "0.5.23", "is not a server argument of SGLang 0.5.23"),
 ])
 def test_a_flag_of_one_release_is_refused_for_the_other(flags, refused_on, sentence):
     other = {"0.5.10": "0.5.23", "0.5.23": "0.5.10"}[refused_on]
-    assert problems(flags, other) == []
+    assert problems(flags, other) == [], problems(flags, other)
     found = problems(flags, refused_on)
     assert len(found) == 1 and sentence in found[0], found
     assert f"It is one of SGLang {other}'s." in found[0], found[0]
@@ -185,3 +185,16 @@ def test_dp_attention_is_written_as_0_5_23_sizes_it():
 ])
 def test_the_release_is_paired_with_the_hosts_cuda_and_driver_on_the_controller(inputs, sentences):
     assert profiles.host_problems("gpu-1", PRESTAGED | inputs, CATALOG, "tp8") == sentences
+
+
+def test_a_flag_0_5_23_renamed_is_taken_under_moefleets_name_and_written_under_the_new_one():
+    """An operator's cuda_graph_max_bs (moefleet's vocabulary, 0.5.10's name) keeps working on 0.5.23: it is judged
+    as cuda_graph_max_bs_decode and written so (the start of two of 0.5.23's flags, it would be ambiguous as it is).
+    A prefix that is not such a name stays refused as ambiguous."""
+    assert problems({"cuda_graph_max_bs": 64}, "0.5.23") == []
+    assert problems({"cuda_graph_max_bs": "many"}, "0.5.23")[0].endswith(
+        "'many' is not a whole number; give cuda_graph_max_bs_decode a whole number from 1 to 4096.")
+    assert profiles.sglang_args({"flags": {"cuda_graph_bs": [1, 2, 4]}}, "0.5.23") == [
+        "--cuda-graph-bs-decode", "1", "2", "4"]
+    found = problems({"cuda_graph_max": 64}, "0.5.23")
+    assert len(found) == 1 and "but the start of 3 (cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill" in found[0]
