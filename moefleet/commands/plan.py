@@ -17,6 +17,7 @@ from moefleet import collection
 from moefleet.commands import number_problem, whole_number_problem
 
 DEFAULT_CATALOG = collection.CATALOG
+DEFAULT_SCHEMA = collection.SCHEMA
 
 
 def _pinned_release() -> str:
@@ -26,7 +27,7 @@ def _pinned_release() -> str:
     home = collection.ROOT / "roles" / "moefleet_defaults" / "defaults" / "main.yml"
     spec = (yaml.safe_load(home.read_text()) or {}).get("sglang_package_spec") if home.is_file() else None
     return sglang_releases.release_of(spec) or sglang_releases.SUPPORTED[0]
-DEFAULT_SCHEMA = collection.SCHEMA
+
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 LAYOUT = ("tp", "ep", "pp", "dp")  # the ad-hoc layout's options, each SGLang's --<name>-size

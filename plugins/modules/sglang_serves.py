@@ -9,18 +9,20 @@ DOCUMENTATION = r"""
 module: sglang_serves
 short_description: Say whether the SGLang server on this host still serves, by the fault watcher's rule
 description:
-  - The rollout's gate between batches ("every host done so far still serves"). A server serves when its
-    C(GET /health) answers 200, B(or) when it answers anything else while its scheduler prints progress lines: SGLang's
+  - >-
+    The rollout's gate between batches ("every host done so far still serves"). A server serves when its
+    C(GET /health) answers 200, B(or) when it answers anything else while its scheduler prints progress lines. SGLang's
     C(/health) sends one token through the scheduler and answers 503 when nothing comes back within
     C(SGLANG_HEALTH_CHECK_TIMEOUT) (20 s), which one long prefill batch causes on a healthy server for as long as the
     prompt takes (minutes for a prompt as long as the KV cache holds).
-  - So on a failed C(/health) the module reads the journal of the unit's current start (its C(InvocationID)) for a
+  - >-
+    So on a failed C(/health) the module reads the journal of the unit's current start (its C(InvocationID)) for a
     scheduler progress line (C(Prefill batch, #new-seq) or C(Decode batch, #running-req)) within the last
-    O(hang_seconds): one there means busy, and serving. Without one it asks again every O(interval) seconds and
+    O(hang_seconds); one there means busy, and serving. Without one it asks again every O(interval) seconds and
     fails once C(/health) has failed for O(hang_seconds) with no progress line in that time, the rule by which the
     fault watcher (roles/fault_watch) takes a host out for a hang.
-  - A unit that is not active does not serve: the module fails at once.
-  - Read-only; runs in check mode too. Reads the journal: root, or a member of C(systemd-journal).
+  - A unit that is not active does not serve; the module fails at once.
+  - Read-only; runs in check mode too. It reads the journal, as root or a member of C(systemd-journal).
 options:
   url:
     description: The server's C(/health) URL, as the routers (or this host) reach it.
