@@ -47,6 +47,7 @@ def preflight_plan(profile: str, memory_total_mib: int = 97887) -> dict:
         "__preflight_model_config": {"content": base64.b64encode(K26.read_bytes()).decode()},
         # sglang_service_extra_flags left unset: the fleet's default, which playbooks/preflight.yml's play lists first
         "sglang_service_extra_flags": home()["sglang_service_extra_flags"],
+        "sglang_package_spec": home()["sglang_package_spec"],  # the release the plan is for, the fleet's default
         "hostvars": {
             "localhost": {
                 "moefleet_validated": {

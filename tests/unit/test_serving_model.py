@@ -45,7 +45,7 @@ def test_a_model_without_an_entry_is_a_sentence_naming_the_known_ones():
 
 def _host(**inputs):
     prestaged = {"sglang_model_source": "prestaged", "sglang_model_path": "/srv/models/Kimi-K2.6"}
-    return profiles.served_model_problems("gpu-1", {**DEFAULTS, **prestaged, **inputs})
+    return profiles.served_model_problems("gpu-1", {**DEFAULTS, **prestaged, **inputs}, "0.5.10")
 
 
 def test_the_controller_refuses_a_parser_sglang_does_not_take_naming_the_variable():
