@@ -149,6 +149,34 @@ def test_the_controller_refuses_exactly_what_sglangs_parser_refuses(release):
     assert sum(not a["accepted"] for a in answers) >= 6, "the cases include flags SGLang refuses"
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_what_readiness_expects_is_what_sglang_reports(release):
+    """The arguments the readiness check compares with /server_info (roles/sglang_service/tasks/start.yml: the
+    model's, metrics' and profile's flags and the served name, spelled for the release by the release_flags filter)
+    are each reported by the release's resolved ServerArgs with the value moefleet meant, for every profile: on
+    0.5.23, --attn-dp-size is reported as attn_dp_size (dp_size 1) and --cuda-graph-max-bs-decode as itself."""
+    service = oracle.role_defaults("sglang_service")
+    cases = []
+    for name, profile in PROFILES.items():
+        flags = {**profile["flags"], **(service.get("sglang_service_extra_flags") or {})}
+        expected = sglang_releases.spelled_for(
+            {**oracle.model_flags(service), **oracle.metrics_flags(service, flags), **flags,
+             "served_model_name": service["sglang_service_served_model_name"]}, release)
+        cases.append((name, expected, oracle.rendered_args(flags, service, release)))
+    answers = oracle.ask([{"op": "server_args", "model_config": oracle.model_config(), "argv": argv}
+                          for _, _, argv in cases], release)
+    problems = []
+    for (name, expected, _), answer in zip(cases, answers, strict=True):
+        assert answer["ok"], f"real SGLang {release} refuses {name}: {answer['error']}"
+        reported = answer["server_args"]
+        for key, want in expected.items():
+            got = reported.get(key, "<not reported>")
+            same = got == pytest.approx(want) if isinstance(want, float) else got == want
+            if not same:
+                problems.append(f"{name} on {release}: readiness expects {key}={want!r}, SGLang reports {got!r}")
+    assert not problems, "\n".join(problems)
+
+
 # --- 2. the planner's default mem_fraction_static is SGLang's ------------------------------------------------
 
 CONFIGS = {
