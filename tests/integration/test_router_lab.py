@@ -864,7 +864,7 @@ def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
     def long_prompt_while_the_next_batch_starts():
         # The second batch reaching its fault watcher (the role's last tasks): the gate between batches follows
         # within some 10 to 20 s, and asks the worker rolled first while its prefill lasts (45 s here).
-        anchor = "TASK [fault_watch : Ensure the watcher's directories exist]"
+        anchor = "TASK [fault_watch : Install the watcher, its event table and its configuration]"
         text = ""
         while not stop.is_set() and text.count(anchor) < 2:
             stop.wait(0.5)

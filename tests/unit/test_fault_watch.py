@@ -202,7 +202,7 @@ def test_root_s_kernel_line_counts_and_fitness_follows_the_record(host):
 def test_the_role_gives_the_watcher_no_gateway_and_no_key():
     """The worker's configuration names no gateway and holds no key (roles/fault_watch/tasks/main.yml)."""
     tasks = yaml.safe_load((WATCH.parents[1] / "tasks" / "main.yml").read_text())
-    config = next(t for t in tasks if t["name"] == "Write the watcher's configuration")
+    config = next(t for t in tasks if t["name"] == "Install the watcher, its event table and its configuration")
     keys = set(config["vars"]["_fault_watch_config"])
     assert keys.isdisjoint({"routers", "admin_key", "worker_url"}) and {"status_host", "status_port"} <= keys
     assert not any("router" in str(t).lower() for t in tasks), "the watcher's role reads no router"
