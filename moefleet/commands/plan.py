@@ -256,7 +256,7 @@ def plan_rows(args: argparse.Namespace, gpu: dict[str, Any]) -> list[dict[str, A
         layouts = [(name, profiles.resolve_profile(catalog, name)["flags"]) for name in names]
     rows = []
     for name, result in planner.plan_many(
-        config, args.gpus, gpu["gib"], layouts, catalog["profiles"], gpu["smi_mib"], args.release
+        config, args.gpus, gpu["gib"], layouts, catalog["profiles"], gpu["smi_mib"], release=args.release
     ):
         row = {"profile": name, **result.to_dict()}
         if hint and "Did you mean" not in row["reason"]:

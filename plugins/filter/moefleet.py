@@ -48,7 +48,7 @@ def plan(model_config, gpus, gpu_memory_gib, flags, catalog=None, gpu_memory_mib
         flags = extra_flags.typed(flags, release) if isinstance(flags, dict) else flags
         flags = sglang_releases.canonical(flags, release) if isinstance(flags, dict) else flags
         return planner.plan(model_config, int(gpus), float(gpu_memory_gib), flags, known, smi_mib,
-                            release).to_dict()
+                            release=release).to_dict()
     except gpu_memory.UnknownGpu as exc:
         raise AnsibleFilterError(
             f"moefleet.serving.plan: {exc} On a host, set moefleet_gpu_memory_gib to PyTorch's figure."
@@ -95,12 +95,15 @@ def opening_attempt(previous, profile, fingerprint, nccl_set, catalog, retry=Fal
     return rollback.opening_attempt(previous, profile, fingerprint, nccl_set, catalog, bool(retry))
 
 
-def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None, release="0.5.10"):
+def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None, release=None):
     """What to try after the attempts so far: ``{action: done|start|restore, attempt, reason}``;
     ``gpu_memory_mib`` (nvidia-smi's memory.total) sizes the KV-pool retune, by the reserve of SGLang ``release``."""
     try:
+        if release is None:
+            raise rollback.RollbackError("give the SGLang release the host runs (sglang_package_spec | "
+                                         "moefleet.serving.sglang_release): the KV-pool retune is sized by its reserve")
         flags = sglang_releases.canonical(flags, release) if isinstance(flags, dict) else flags
-        return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib, release)
+        return rollback.next_step(ladder, attempts, catalog, flags, gpu_memory_mib, release=release)
     except rollback.RollbackError as exc:
         raise AnsibleFilterError(f"moefleet.serving.next_step: {exc}") from None
 

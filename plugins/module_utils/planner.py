@@ -432,7 +432,7 @@ def gpu_memory_defaults(gpu_mem_mib: float, tp: int) -> tuple[int, int]:
 PREFILL_GRAPH_MULTIMODAL_ARCHS = frozenset({"KimiK25ForConditionalGeneration", "KimiK3ForConditionalGeneration"})
 
 
-def prefill_cuda_graphs(layout: Layout, multimodal: bool, release: str = "0.5.10", architecture: str = "") -> bool:
+def prefill_cuda_graphs(layout: Layout, multimodal: bool, release: str, architecture: str = "") -> bool:
     """Whether SGLang captures a CUDA graph for prefill, whose reserve (1.5 GiB on MLA models) the default fraction
     keeps out of the pool. 0.5.10 (``_handle_piecewise_cuda_graph``, piecewise graphs): not with pipeline stages,
     DP attention or a multimodal model. 0.5.23 (``arg_groups/cuda_graph_hook.py``, the breakable prefill graph, on
@@ -445,7 +445,7 @@ def prefill_cuda_graphs(layout: Layout, multimodal: bool, release: str = "0.5.10
     raise PlanError(f"The planner has no memory arithmetic of SGLang {release}; it knows 0.5.10 and 0.5.23.")
 
 
-def reserved_memory_mib(gpu_mem_mib: float, layout: Layout, multimodal: bool = False, release: str = "0.5.10",
+def reserved_memory_mib(gpu_mem_mib: float, layout: Layout, multimodal: bool, release: str,
                         architecture: str = "") -> float:
     """MiB SGLang ``release`` keeps outside the static pool for activations and CUDA graphs
     (0.5.10's ``ServerArgs._handle_gpu_memory_settings``, 0.5.23's ``arg_groups/memory_hook.py``, the same sum
@@ -478,7 +478,7 @@ def vlm_mem_fraction_factor(vision: VisionTower | None) -> float:
     return 0.95 * dynamic
 
 
-def max_mem_fraction_static(gpu_mem_mib: float, layout: Layout, multimodal: bool = False, release: str = "0.5.10",
+def max_mem_fraction_static(gpu_mem_mib: float, layout: Layout, multimodal: bool, release: str,
                             architecture: str = "") -> float:
     """The largest --mem-fraction-static that keeps SGLang's own reserve for activations and CUDA graphs
     outside the pool: its default before the vision-tower reduction, ``round((total − reserved) / total, 3)``
@@ -487,8 +487,8 @@ def max_mem_fraction_static(gpu_mem_mib: float, layout: Layout, multimodal: bool
     return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
 
 
-def default_mem_fraction_static(gpu_mem_mib: float, layout: Layout, vision: VisionTower | None = None,
-                                release: str = "0.5.10", architecture: str = "") -> float:
+def default_mem_fraction_static(gpu_mem_mib: float, layout: Layout, vision: VisionTower | None,
+                                release: str, architecture: str = "") -> float:
     """SGLang ``release``'s default --mem-fraction-static on a GPU whose nvidia-smi memory.total is ``gpu_mem_mib``.
 
     A port of ``ServerArgs._handle_gpu_memory_settings`` (sglang/srt/server_args.py in 0.5.10,
@@ -738,7 +738,8 @@ def plan(
     layout: Layout | Mapping[str, Any],
     catalog: Mapping[str, Mapping[str, Any]] | None = None,
     smi_memory_mib: float | None = None,
-    release: str = "0.5.10",
+    *,
+    release: str,
 ) -> Plan:
     """Plan one layout on a host of ``gpus`` GPUs of ``gpu_memory_gib`` GiB (PyTorch's total capacity).
 
@@ -958,9 +959,11 @@ def plan_many(
     layouts: Mapping[str, Layout | Mapping[str, Any]] | Sequence[tuple[str, Layout | Mapping[str, Any]]],
     catalog: Mapping[str, Mapping[str, Any]] | None = None,
     smi_memory_mib: float | None = None,
-    release: str = "0.5.10",
+    *,
+    release: str,
 ) -> list[tuple[str, Plan]]:
     """Plan several named layouts against one model config (parsed once), for SGLang ``release``."""
     shape = model_shape(config)
     items = layouts.items() if isinstance(layouts, Mapping) else layouts
-    return [(name, plan(shape, gpus, gpu_memory_gib, lay, catalog, smi_memory_mib, release)) for name, lay in items]
+    return [(name, plan(shape, gpus, gpu_memory_gib, lay, catalog, smi_memory_mib, release=release))
+            for name, lay in items]

@@ -130,7 +130,8 @@ def next_step(
     catalog: Mapping[str, Any],
     profile_flags: Mapping[str, Any] | None = None,
     gpu_memory_mib: float | None = None,
-    release: str = "0.5.10",
+    *,
+    release: str,
 ) -> dict[str, Any]:
     """``{"action": "done"|"start"|"restore", "attempt": {...}, "reason": sentence}``.
 
@@ -199,7 +200,7 @@ def next_step(
 
 
 def _kv_retune(current: Mapping[str, Any], flags: Mapping[str, Any], layout: Any,
-               gpu_memory_mib: float | None, release: str = "0.5.10") -> dict[str, Any] | None:
+               gpu_memory_mib: float | None, release: str) -> dict[str, Any] | None:
     """The retune after a KV-pool OOM: the same layout at the largest --mem-fraction-static that keeps
     SGLang's reserve for activations and CUDA graphs (planner.max_mem_fraction_static). The rollback does not
     read the model, so it counts the reserve for piecewise CUDA graphs wherever the layout allows them.
@@ -208,7 +209,7 @@ def _kv_retune(current: Mapping[str, Any], flags: Mapping[str, Any], layout: Any
         return None
     ceiling = planner.max_mem_fraction_static(float(gpu_memory_mib), layout, multimodal=False, release=release)
     ran = flags.get("mem_fraction_static")
-    default = planner.default_mem_fraction_static(float(gpu_memory_mib), layout, release=release)
+    default = planner.default_mem_fraction_static(float(gpu_memory_mib), layout, None, release)
     if ceiling <= float(ran if ran is not None else default):
         return None
     name = current.get("profile")

@@ -44,6 +44,7 @@ CONFIG = json.loads(K26_CONFIG.read_text())
 
 GPUS, GPU_GIB = 8, 94.97
 SMI_MIB = 97887  # nvidia-smi's memory.total, the simulator's default spec and what SGLang sizes its default from
+RELEASE = "0.5.10"  # the simulator is SGLang 0.5.10: the planner is judged by that release's arithmetic
 TIME_SCALE = "0.05"  # a full K2.6 start in about a second of wall time
 START_TIMEOUT = 30.0  # seconds for one simulated start to serve or die
 # Both count the tensors SGLang creates per rank (w_kc/w_vc copies and g_idx/sort_indices included); the
@@ -169,7 +170,8 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_planner_verdict_matches_the_simulator(name, model_dir, tmp_path):
     flags = LAYOUTS[name]
-    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB)
+    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB,
+                   release=RELEASE)
     sim = run_sim(model_dir, tmp_path, flags)
 
     assert sim["result"] in ("serves", "oom"), f"{name}: simulator neither served nor OOMed\n{sim['log_tail']}"
@@ -199,7 +201,8 @@ def test_planner_verdict_matches_the_simulator(name, model_dir, tmp_path):
 def test_the_field_oom_is_a_weight_load_oom_on_four_gpus(model_dir, tmp_path):
     """--tp-size 4 --ep-size 2 never reaches "Load weight end" and the planner names the full-host layout."""
     flags = LAYOUTS["adhoc --tp-size 4 --ep-size 2"]
-    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB)
+    planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB,
+                   release=RELEASE)
     sim = run_sim(model_dir, tmp_path, flags)
     assert sim["result"] == "oom" and sim["weights_gb"] is None
     assert planned.gpus_used == 4 and planned.weights_gib_per_gpu > GPU_GIB
@@ -221,7 +224,8 @@ def main() -> None:
         for name, flags in LAYOUTS.items():
             work = Path(tmp) / re.sub(r"\W+", "_", name)
             work.mkdir()
-            planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB)
+            planned = plan(CONFIG, GPUS, GPU_GIB, flags, catalog=CATALOG["profiles"], smi_memory_mib=SMI_MIB,
+                   release=RELEASE)
             sim = run_sim(model, work, flags)
             sw = sim["weights_gb"]
             diff = f"{(planned.weights_gib_per_gpu - sw) / sw:+.1%}" if sw else "-"

@@ -34,7 +34,8 @@ def main() -> None:
         try:
             plan_mfs = planner.plan(config, oracle.GPUS, oracle.GPU_MEMORY_GIB,
                                     oracle.without_mem_fraction(profile["flags"]),
-                                    smi_memory_mib=oracle.SMI_MEMORY_MIB).mem_fraction_static
+                                    smi_memory_mib=oracle.SMI_MEMORY_MIB,
+                                    release=oracle.env.pinned_version()).mem_fraction_static
             plan_mfs = f"{plan_mfs:.4f}"
         except Exception as exc:  # noqa: BLE001 - the table reports what each side does
             plan_mfs = f"error: {exc}"

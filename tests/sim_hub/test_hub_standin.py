@@ -129,5 +129,6 @@ def test_the_tiny_model_is_one_the_planner_and_the_deploy_accept():
     # The deploy that downloads it (tests/integration/test_secrets_hub_lab.py) serves it: preflight plans tp8 on it.
     from ansible_collections.moefleet.serving.plugins.module_utils import planner
 
-    plan = planner.plan(json.loads(hub.model_files(2)["config.json"]), 8, 94.97, {"tp_size": 8}).to_dict()
+    plan = planner.plan(json.loads(hub.model_files(2)["config.json"]), 8, 94.97, {"tp_size": 8},
+                        release="0.5.10").to_dict()
     assert plan["verdict"] == "fits", plan["reason"]

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.moefleet.serving.plugins.module_utils import planner
-from ansible_collections.moefleet.serving.plugins.module_utils.planner import GIB, Layout, plan
+from ansible_collections.moefleet.serving.plugins.module_utils.planner import GIB, Layout
 
 ROOT = Path(__file__).resolve().parents[2]
+# The arithmetic of SGLang 0.5.10 (the release the roles pin); a test of 0.5.23's says so.
+RELEASE = "0.5.10"
+
+
+def plan(*args, release: str = RELEASE, **kwargs):
+    return planner.plan(*args, release=release, **kwargs)
+
+
 DATA = ROOT / "tests" / "data" / "model-configs"
 K26 = json.loads((DATA / "kimi-k2.6-config.json").read_text())
 DSV3 = json.loads((DATA / "deepseek-v3-config.json").read_text())
@@ -170,11 +178,11 @@ def test_text_only_deepseek_v3_has_no_vlm_adjustment_but_reserves_for_piecewise_
 
 def test_default_mem_fraction_follows_sglang_heuristic():
     # 97887 MiB, TP8: reserved = 512 + 8192*1.5 + 512*2 + 8*1/8*1024 = 14848 MiB
-    assert planner.reserved_memory_mib(SMI_MIB, Layout(tp=8), multimodal=True) == 14848
-    assert planner.max_mem_fraction_static(SMI_MIB, Layout(tp=8), multimodal=True) == 0.848
+    assert planner.reserved_memory_mib(SMI_MIB, Layout(tp=8), True, RELEASE) == 14848
+    assert planner.max_mem_fraction_static(SMI_MIB, Layout(tp=8), True, RELEASE) == 0.848
     # DP attention reserves per DP rank; large graph batches reserve more.
     dpa = Layout(tp=8, ep=8, dp=8, dp_attention=True)
-    assert planner.reserved_memory_mib(SMI_MIB, dpa) == 14848 + 512 * 8 * 3 + 512 * 8 * 1.5
+    assert planner.reserved_memory_mib(SMI_MIB, dpa, False, RELEASE) == 14848 + 512 * 8 * 3 + 512 * 8 * 1.5
 
 
 def test_vision_tower_sits_on_every_pipeline_stage_with_its_attention_sharded():
@@ -318,7 +326,8 @@ def test_the_default_fraction_of_0_5_23_is_its_own(model, profile):
     assert got == pytest.approx(RESOLVED_0_5_23[(model, profile)], abs=1e-9)
     on_0510 = planner.default_mem_fraction_static(SMI_MIB, layout, shape.vision, "0.5.10", shape.architecture)
     prefill_graph_now = planner.prefill_cuda_graphs(layout, shape.multimodal, "0.5.23", shape.architecture)
-    assert (on_0510 > got) == (prefill_graph_now and not planner.prefill_cuda_graphs(layout, shape.multimodal))
+    prefill_graph_before = planner.prefill_cuda_graphs(layout, shape.multimodal, "0.5.10")
+    assert (on_0510 > got) == (prefill_graph_now and not prefill_graph_before)
 
 
 def test_a_release_the_planner_does_not_know_is_refused():

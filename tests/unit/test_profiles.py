@@ -51,11 +51,13 @@ def test_required_profiles_ship_with_sglang_semantics():
 
 # nvidia-smi's memory.total of an RTX PRO 6000, from which SGLang sizes its default mem fraction.
 SMI_MIB = 97887
+RELEASE = "0.5.10"  # the arithmetic of the release the roles pin
 
 
 def _plans(smi_memory_mib=SMI_MIB):
     layouts = {n: p["flags"] for n, p in CATALOG["profiles"].items()}
-    return dict(planner.plan_many(K26, 8, 94.97, layouts, smi_memory_mib=smi_memory_mib))
+    return dict(planner.plan_many(K26, 8, 94.97, layouts, smi_memory_mib=smi_memory_mib,
+                                     release=RELEASE))
 
 
 def test_a_profile_sets_mem_fraction_exactly_where_sglangs_default_leaves_too_few_tokens():
@@ -63,7 +65,7 @@ def test_a_profile_sets_mem_fraction_exactly_where_sglangs_default_leaves_too_fe
     # for every layout here; each profile then carries the fraction the planner chooses, nothing else.
     for name, profile in CATALOG["profiles"].items():
         flags = {k: v for k, v in profile["flags"].items() if k != "mem_fraction_static"}
-        default = planner.plan(K26, 8, 94.97, flags, smi_memory_mib=SMI_MIB)
+        default = planner.plan(K26, 8, 94.97, flags, smi_memory_mib=SMI_MIB, release=RELEASE)
         assert default.sglang_default_mem_fraction_static == pytest.approx(0.771, abs=0.007), name
         assert default.verdict in ("oom", "tight"), (name, default.reason)
         if default.suggested_mem_fraction_static is None:  # nothing within SGLang's reserve holds the weights
@@ -202,7 +204,7 @@ def test_catalog_descriptions_quote_what_the_planner_computes():
 
     quoted = 0
     for name, prof in CATALOG["profiles"].items():
-        result = planner.plan(K26, 8, 94.97, prof["flags"], catalog=CATALOG["profiles"])
+        result = planner.plan(K26, 8, 94.97, prof["flags"], catalog=CATALOG["profiles"], release=RELEASE)
         text = " ".join(prof["description"].split())
         for value in re.findall(r"([0-9.]+) GiB (?:of weights )?per GPU|at ([0-9.]+) GiB", text):
             figure = float(value[0] or value[1])

@@ -365,6 +365,6 @@ def test_the_rollback_restores_and_falls_back_to_no_smaller_profile(name):
     outcome = {"state": verdict.state, "phase": verdict.phase, "cause": verdict.cause}
     attempt = {**rollback.first_attempt("tp8", "pcie_p2p"), "outcome": outcome}
     catalog = {"profiles": {"tp8": {"nccl": "pcie_p2p"}, "tp4ep2": {"nccl": "pcie_p2p"}}}
-    step = rollback.next_step(["tp8", "tp4ep2"], [attempt], catalog)
+    step = rollback.next_step(["tp8", "tp4ep2"], [attempt], catalog, release="0.5.10")
     assert step["action"] == "restore" and "attempt" not in step
     assert "gpu_unavailable" in step["reason"] and "needs the GPUs too" in step["reason"]
