@@ -57,8 +57,10 @@ JOBS: dict[str, list[str]] = {
     "molecule-rollback": _molecule("rollback"),
     "molecule-fleet": _molecule("fleet"),
     # The tests without a lab, in two jobs: the simulator's (which wait on its clock more than they compute: 1.2
-    # CPU-minutes in 6.9 minutes, WAITING below) beside the rest (which compute).
-    "unit": _pytest("-m", "not lab and not oracle", "tests", *(f"--ignore={d}" for d in SIM_TESTS)),
+    # CPU-minutes in 6.9 minutes, WAITING below) beside the rest (which compute: 5 CPU-minutes, in two processes
+    # (pytest-xdist, a file's tests in one of them), so that it does not run on one core at the end of make check).
+    "unit": _pytest("-n", "2", "--dist", "loadfile", "-m", "not lab and not oracle", "tests",
+                    *(f"--ignore={d}" for d in SIM_TESTS)),
     "molecule-install": _molecule("install"),
     "oracle": _pytest("-m", "oracle", "tests/oracle"),
     "lint": ["make", "--no-print-directory", "lint"],
