@@ -613,6 +613,7 @@ RULES: dict[str, Rule] = {
     "sglang_pip_extra_index_url": Rule("url", empty=True),
     "sglang_pip_trusted_hosts": Rule("hosts"),
     "sglang_env": Rule("env"),
+    "sglang_keep_releases": Rule("count", 1, 100),
     # sglang_model (its path, source, repository, revision and token: host_problems)
     "sglang_model_hf_endpoint": Rule("url", empty=True),
     "sglang_model_download_timeout": Rule("count", 60, 7 * DAY),

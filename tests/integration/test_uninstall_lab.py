@@ -37,7 +37,8 @@ REMOVED = [
     "/etc/ansible/facts.d/moefleet.fact",
     "/usr/local/libexec/moefleet/sglang-runtime-exit",
     "/usr/local/lib/moefleet/sglang_log.py",
-    "/opt/sglang/venv/bin/python",
+    "/opt/sglang/0.5.10/bin/python",  # roles/sglang: the pinned release's virtualenv, under sglang_venvs_dir
+    "/opt/sglang",
     "/var/lib/sglang",
 ]
 # What the snapshot reads on the host: each path's presence, size and mtime, the unit's state, the user.
@@ -77,7 +78,7 @@ def test_uninstall_check_refusal_then_removal_keeps_the_model(lab_inventory, cap
     said = " ".join(checked.stdout.split())  # the YAML callback folds long messages
     assert checked.returncode == 0
     assert f"Would remove from {HOST}:" in said
-    for path in ("/etc/systemd/system/sglang.service,", "/var/lib/moefleet,", "/opt/sglang/venv,", "user sglang"):
+    for path in ("/etc/systemd/system/sglang.service,", "/var/lib/moefleet,", "/opt/sglang/0.5.10,", "user sglang"):
         assert path in said, path
     assert f"Kept: {MODEL} (the model; -e remove_model=yes removes it)" in said
     assert on_host(lab_inventory, HOST, SNAPSHOT) == before  # check mode touched nothing

@@ -86,6 +86,8 @@ BAD: dict[str, tuple[object, str]] = {
     "sglang_home": ("~sglang", "set it to an absolute path"),
     "sglang_build_packages": (["build essential"], "a list of Debian package names"),
     "sglang_venv": ("venv", "set it to an absolute path"),
+    "sglang_venvs_dir": ("opt/sglang", "set it to an absolute path"),
+    "sglang_keep_releases": (0, "from 1 to 100"),
     "sglang_package_spec": ("", "a pip requirement"),
     "sglang_pip_index_url": ("pypi.internal", "http:// or https:// URL"),
     "sglang_pip_extra_index_url": ("file:///wheels", "http:// or https:// URL"),

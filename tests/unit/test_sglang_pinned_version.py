@@ -35,12 +35,12 @@ def pin_check(output: str) -> str | None:
     return found.group(1) if found else None
 
 
-def serve_only(tmp_path: Path, version: str | None, spec: str = "sglang[all]==0.5.10"):
+def serve_only(tmp_path: Path, version: str | None, spec: str = "sglang[all]==0.5.10", venv: Path | None = None):
     playbook = tmp_path / "sglang.yml"
     playbook.write_text(json.dumps([{
         "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                 "sglang_venv": str(venv_with(tmp_path, version)), "sglang_package_spec": spec},
+                 "sglang_venv": str(venv or venv_with(tmp_path, version)), "sglang_package_spec": spec},
         "roles": ["sglang"],
     }]))
     return run_playbook("localhost,", str(playbook), options=SERVE_ONLY, timeout=120)
@@ -66,3 +66,13 @@ def test_a_spec_without_an_exact_pin_is_not_judged(tmp_path):
     done = serve_only(tmp_path, "0.5.9", spec="sglang[all]>=0.5")
     assert done.returncode == 0, done.stdout[-3000:]
     assert pin_check(done.stdout) == "skipping", done.stdout[-3000:]
+
+
+def test_a_missing_virtualenv_is_refused_naming_the_install_and_the_old_layout(tmp_path):
+    """A host installed before each release had a virtualenv of its own (/opt/sglang/venv), deployed serve-only:
+    the release's virtualenv does not exist, and the refusal says how to install it or keep the old one."""
+    done = serve_only(tmp_path, None, venv=tmp_path / "opt-sglang" / "0.5.10")
+    assert done.returncode != 0
+    text = " ".join(done.stdout.split())
+    assert f"{tmp_path}/opt-sglang/0.5.10/bin/python on localhost did not run" in text, text[-3000:]
+    assert "run the deploy without --skip-tags install" in text and "set sglang_venv to it" in text, text[-3000:]

@@ -26,8 +26,8 @@ from fault_deploys import deploy, facts, faults, invocation, serving_args  # noq
 def stale_holder(host, user: str) -> int:
     """Leave an orphaned scheduler of `user` holding 20 GiB on every GPU, outside the unit (as an earlier
     start run by hand or in another cgroup would), and return its PID."""
-    host.check_output(  # its stdio closed, so the SSH session does not wait for the daemon
-        f"runuser -u {user} -- /opt/sglang/venv/bin/python -m sglang._sim.stale "
+    host.check_output(  # its stdio closed, so the SSH session does not wait for the daemon; the pinned release's venv
+        f"runuser -u {user} -- /opt/sglang/0.5.10/bin/python -m sglang._sim.stale "
         "'{\"gpus\": [0, 1, 2, 3, 4, 5, 6, 7], \"mib\": 20480}' </dev/null >/dev/null 2>&1")
     owned = host.check_output(f"pgrep -u {user} -d ' ' . || true").split()
     apps = host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()
