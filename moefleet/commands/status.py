@@ -214,15 +214,19 @@ def _outcome(host: dict[str, Any]) -> str:
 
 def render_table(hosts: list[dict[str, Any]]) -> str:
     """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unroutable,
-    unknown)."""
+    unknown), and a fleet whose servers report more than one SGLang release (an upgrade under way, or a host
+    restored to the release it ran before) a "sglang" column after the profile it serves."""
     routed = any("router" in h for h in hosts)
     live = any("live" in h for h in hosts)
-    header = ("host", "serving", "asked", "outcome", "health", *(("router",) if routed else ()),
+    mixed = len({h.get("release") for h in hosts if h.get("release")}) > 1
+    header = ("host", "serving", *(("sglang",) if mixed else ()), "asked", "outcome", "health",
+              *(("router",) if routed else ()),
               *(("running / KV / TTFT p99",) if live else ()), "last rollback", "while serving")
     body = [
         (
             str(h.get("host")),
             h.get("serving_profile") or "-",
+            *((h.get("release") or "-",) if mixed else ()),
             h.get("asked_profile") or "-",
             _outcome(h),
             h.get("health") or "-",

@@ -134,6 +134,8 @@ def status_entry(
         "outcome": local.get("outcome"),
         "updated": local.get("updated"),
         "server_args": {arg: info.get(arg) for arg in SERVER_ARGS} if info else None,
+        # the SGLang release the server runs, as it reports itself (/server_info's version)
+        "release": info.get("version") if info else None,
         "last_rollback": local.get("last_rollback"),
         "runtime_ooms": int(runtime.get("ooms") or 0),
         "last_runtime_failure": runtime.get("last"),

@@ -14,6 +14,8 @@ from ansible_collections.moefleet.serving.plugins.module_utils.host_state import
 )
 from ansible_collections.moefleet.serving.plugins.module_utils.rollback import first_attempt, summarize
 
+from moefleet.commands.status import render_table
+
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 FACTS_SCHEMA = json.loads((SCHEMAS / "local_facts.schema.json").read_text())
 STATUS_SCHEMA = json.loads((SCHEMAS / "status.schema.json").read_text())
@@ -96,4 +98,19 @@ def test_status_health(reachable, unit, code, health):
 def test_status_without_server_info_has_no_server_args():
     entry = status_entry("lab-1", True, {}, {}, None, None, {})
     jsonschema.validate({"hosts": [entry]}, STATUS_SCHEMA)
-    assert (entry["unit"], entry["health"], entry["server_args"]) == ("unknown", "down", None)
+    assert (entry["unit"], entry["health"], entry["server_args"], entry["release"]) == ("unknown", "down", None, None)
+
+
+def test_status_names_the_release_the_server_reports_and_the_table_shows_it_when_the_fleet_mixes_them():
+    """/server_info's version (SGLang's own __version__) is the host's release; the table's "sglang" column appears
+    only while the fleet runs more than one (an upgrade under way, a host restored to the release it ran before)."""
+    local = {"serving_profile": "tp8", "asked_profile": "tp8", "outcome": "ready", "updated": NOW}
+    entries = [status_entry(f"lab-{n}", True, local, {}, "active", 200, {"tp_size": 8, "version": version})
+               for n, version in ((1, "0.5.23"), (2, "0.5.10"))]
+    jsonschema.validate({"hosts": entries}, STATUS_SCHEMA)
+    assert [e["release"] for e in entries] == ["0.5.23", "0.5.10"]
+    mixed = render_table(entries).splitlines()
+    assert mixed[0].split()[:4] == ["host", "serving", "sglang", "asked"]
+    assert mixed[2].split()[:3] == ["lab-1", "tp8", "0.5.23"] and mixed[3].split()[:3] == ["lab-2", "tp8", "0.5.10"]
+    same = render_table([entries[0], {**entries[1], "release": "0.5.23"}]).splitlines()
+    assert "sglang" not in same[0].split() and "0.5.23" not in same[2]
