@@ -107,7 +107,15 @@ def test_counters_and_histograms_follow_the_requests_served(lab):
     streamed = post(srv, "/generate", {"text": "Tell me a story", "stream": True,
                                        "sampling_params": {"max_new_tokens": 120, "ignore_eos": True}})[1]
     assert streamed.rstrip().endswith("data: [DONE]")
+    # The middleware counts a streamed response once its last chunk is written, in the server's thread, which may
+    # come after the client read [DONE] (as in SGLang, whose middleware counts in a finally after the stream): the
+    # scrape is asked again until it did, a second at most.
+    scrapes, deadline = 2, time.monotonic() + 1.0
     after = scrape(srv)
+    while value(after, "sglang:http_responses_total", endpoint="/generate", method="POST",
+                status_code="200") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after, scrapes = scrape(srv), scrapes + 1
     usage = answer["usage"]
     prompt = usage["prompt_tokens"] + (len("Tell me a story") + 3) // 4
     assert value(after, "sglang:prompt_tokens_total", model_name=NAME) == prompt
@@ -128,7 +136,7 @@ def test_counters_and_histograms_follow_the_requests_served(lab):
         assert buckets[-1][1] == value(after, name + "_count", model_name=NAME), name
     assert value(after, "sglang:http_requests_total", endpoint="/v1/chat/completions", method="POST") == 1
     assert value(after, "sglang:http_responses_total", endpoint="/generate", method="POST", status_code="200") == 2
-    assert value(after, "sglang:http_requests_total", endpoint="/metrics", method="GET") == 2  # this scrape too
+    assert value(after, "sglang:http_requests_total", endpoint="/metrics", method="GET") == scrapes  # this one too
     assert value(after, "sglang:num_running_reqs", tp_rank="0") == 0
     max_tokens = value(after, "sglang:max_total_num_tokens", tp_rank="0")
     info = json.loads(srv.get("/server_info")[1])
