@@ -1,7 +1,8 @@
 """Runs real SGLang (the release of the oracle venv it runs in) and answers in JSON; see tests/oracle/README.md.
 
 Run with an oracle venv's python: ``driver.py < requests.json > answers.json``. The input is a JSON list
-of requests, the output the list of answers, in order:
+of requests, the output the list of answers, in order (``driver.py --serve``: one such list per line, for as many
+lines as come, each answered on a line of its own):
 
 - ``{"op": "parse", "argv": [...]}``: SGLang's own parser (``ServerArgs.add_cli_args``, and
   ``ConfigArgumentMerger`` for ``--config``, as ``prepare_server_args`` does) on the argv.
@@ -275,9 +276,25 @@ def answer(request: dict) -> dict:
 
 
 def main() -> None:
-    requests = json.load(sys.stdin)
     os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
+    requests = json.load(sys.stdin)
     json.dump([answer(r) for r in requests], sys.stdout)
+
+
+def serve() -> None:
+    """``driver.py --serve``: a JSON list of requests per input line, the list of answers per output line, until the
+    input ends. oracle.py keeps one such driver per release for a whole test run, so that SGLang (several seconds
+    of CPU to import) is imported once per release rather than once per question. Whatever SGLang prints goes to
+    stderr, not into the answers."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        if line.strip():
+            answers.write(json.dumps([answer(r) for r in json.loads(line)]) + "\n")
+            answers.flush()
 
 
 if __name__ == "__main__":

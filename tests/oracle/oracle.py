@@ -3,6 +3,7 @@ renders, and the simulator run the way the lab runs it."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 import urllib.request
 from pathlib import Path
 
@@ -42,12 +44,40 @@ def ask(requests: list[dict], version: str | None = None) -> list[dict]:
             f"The SGLang {version} oracle venv is not built ({env.cache_dir(version)}): run `make oracle-env` "
             "(it needs PyPI once, then works offline)."
         )
-    proc = subprocess.run([str(env.python(version)), str(DRIVER)], input=json.dumps(requests), text=True,
-                          capture_output=True, timeout=900)
-    if proc.returncode != 0:
+    proc, log = _driver(version)
+    proc.stdin.write(json.dumps(requests) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        del _DRIVERS[version]
+        proc.wait()
+        log.seek(0)
         raise RuntimeError(f"the SGLang {version} oracle driver failed (exit {proc.returncode}):\n"
-                           f"{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
+                           f"{log.read()[-3000:]}")
+    return json.loads(line)
+
+
+# One driver per release for the whole run (driver.py --serve): SGLang is imported once, not once per question.
+_DRIVERS: dict[str, tuple[subprocess.Popen, typing.IO[str]]] = {}
+
+
+def _driver(version: str) -> tuple[subprocess.Popen, typing.IO[str]]:
+    if version not in _DRIVERS:
+        log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (open for the driver's life; its warnings, read back when it fails)
+        proc = subprocess.Popen([str(env.python(version)), str(DRIVER), "--serve"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log, text=True)
+        _DRIVERS[version] = (proc, log)
+    return _DRIVERS[version]
+
+
+@atexit.register
+def _stop_drivers() -> None:
+    for proc, _ in _DRIVERS.values():
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def catalog() -> dict:
