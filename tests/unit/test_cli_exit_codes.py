@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from moefleet import cli
-from moefleet.commands import bench, deploy, diagnose, history, plan, rollout, status
+from moefleet.commands import bench, deploy, diagnose, history, p2p_check, plan, rollout, status
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "sim" / "model" / "kimi_k26_config.json"
@@ -49,6 +49,8 @@ HELP = [
                             2: "2 on input errors", 3: "3 when HOST is unreachable or its facts cannot be read"}),
     (["bench", "run"], bench, {0: "Exit 0 report written and the host serves again", 1: "1 otherwise",
                                2: "2 bad input", 130: "130 Ctrl-C"}),
+    (["p2p-check"], p2p_check, {0: "0 P2P is fine (pcie_p2p)", 1: "1 shared memory is advised (pcie_shm)",
+                                2: "2 an input cannot be read", 3: "3 the evidence decides nothing"}),
 ]
 
 
