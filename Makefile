@@ -14,6 +14,10 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 SETUP_STAMP := $(VENV)/.setup-done
+# The toolchain (pyproject.toml's dev extra, ~80 packages) goes in with uv: 5 s where pip took 47 s wall and 44
+# CPU-s on a fresh clone, seconds every CI run waited for before its first test. uv reads neither pip.conf nor
+# pip's constraints: the extra pins what it needs from PyPI itself. pip installs it when uv cannot.
+UV_VERSION := 0.13.9
 # The clone is the collection moefleet.serving: Ansible finds it through this link (ansible.cfg's
 # collections_path), Python through a .pth file in the venv naming the directory above ansible_collections.
 COLLECTIONS := $(CURDIR)/.ansible/collections
@@ -35,7 +39,8 @@ setup: $(SETUP_STAMP)
 $(SETUP_STAMP): pyproject.toml requirements.yml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q uv==$(UV_VERSION) && $(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]' \
+	  || $(BIN)/pip install -q -e '.[dev]'
 	@$(BIN)/ansible-galaxy collection install -r requirements.yml --offline >/dev/null 2>&1 || { \
 	  echo "setup: a collection in requirements.yml is not bundled with the pinned ansible package and" \
 	       "Galaxy is unreachable here; widen its range to the bundled version" \

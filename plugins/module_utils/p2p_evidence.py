@@ -795,8 +795,8 @@ def parse_p2p_bandwidth(text: str) -> list[dict[str, Any]]:
     if not devices and not access and not any(matrices.values()):
         raise Unreadable("no p2pBandwidthLatencyTest output in it (its 'Device=0 CAN Access Peer Device=1' lines "
                          "and bandwidth matrices); paste the whole output of ./p2pBandwidthLatencyTest.")
-    n = max([len(devices)] + [len(m) for m in matrices.values()] + [max(max(p) for p in access) + 1 if access
-                                                                     else 0])
+    highest_peer = max(max(p) for p in access) + 1 if access else 0
+    n = max([len(devices)] + [len(m) for m in matrices.values()] + [highest_peer])
     pairs = []
     uni_on, uni_off = matrices.get("uni_enabled", {}), matrices.get("uni_disabled", {})
     bi_on, bi_off = matrices.get("bi_enabled", {}), matrices.get("bi_disabled", {})
