@@ -803,13 +803,39 @@ def swap_in(stage: Path, target: Path) -> None:
 
 # --------------------------------------------------------------------------------------------- pypi
 
-def build_wheel(sglang: Path, work: Path) -> Path:
-    """Build the simulator's wheel from a copy of its tree (no build/ or egg-info left in sim/)."""
+def sglang_versions(sglang: Path) -> list[str]:
+    """The versions the index serves the simulator as: one per release its pyproject.toml lists under
+    [tool.moefleet-sim] releases, each with the local label of its own version ("0.5.23+moefleetsim"), so that
+    ``pip install sglang==0.5.23`` takes that one (PEP 440 ignores a local label against a specifier without one);
+    without that list, the one version pyproject.toml names."""
+    data = tomllib.loads((sglang / "pyproject.toml").read_text())
+    version = str(data.get("project", {}).get("version", ""))
+    releases = data.get("tool", {}).get("moefleet-sim", {}).get("releases")
+    if releases is None:
+        return [version]
+    if not (isinstance(releases, list) and releases and all(isinstance(r, str) and r for r in releases)):
+        raise BuildError(f"{sglang / 'pyproject.toml'}: [tool.moefleet-sim] releases must be a list of SGLang "
+                         f"versions such as [\"0.5.10\", \"0.5.23\"], not {releases!r}.")
+    _, plus, label = version.partition("+")
+    return [f"{release}{plus}{label}" for release in releases]
+
+
+def build_wheel(sglang: Path, work: Path, version: str | None = None) -> Path:
+    """Build the simulator's wheel from a copy of its tree (no build/ or egg-info left in sim/), as ``version`` when
+    given: the copy's pyproject.toml names it, so the wheel's metadata says which release the simulator is."""
     src = work / "src"
     for path in source_files(sglang):
         dst = src / path.relative_to(sglang)
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dst)
+    if version is not None:
+        pyproject = src / "pyproject.toml"
+        text, count = re.subn(r'^version\s*=\s*"[^"]*"\s*$', f'version = "{version}"', pyproject.read_text(),
+                              count=1, flags=re.M)
+        if count != 1:
+            raise BuildError(f"{sglang / 'pyproject.toml'} has no version = \"...\" line in [project] to set "
+                             f"to {version}; write the version there as a plain string.")
+        pyproject.write_text(text)
     wheels = work / "wheels"
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH), PIP_DISABLE_PIP_VERSION_CHECK="1")
     base = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(wheels)]
@@ -822,13 +848,15 @@ def build_wheel(sglang: Path, work: Path) -> Path:
         cmd = [*base, str(src)]
         hint = (" Without access to a package index, install setuptools>=70.1 (or setuptools and wheel) "
                 f"for {sys.executable} and run build.py again.")
+    as_version = f" as {version}" if version is not None else ""
     try:
         run(cmd, env=env)
     except BuildError as exc:
-        raise BuildError(f"could not build the SGLang simulator's wheel from {sglang}: {exc}{hint}") from exc
+        raise BuildError(f"could not build the SGLang simulator's wheel{as_version} from {sglang}: {exc}{hint}"
+                         ) from exc
     built = sorted(wheels.glob("*.whl"))
     if len(built) != 1:
-        raise BuildError(f"building {sglang} gave {len(built)} wheels instead of one.")
+        raise BuildError(f"building {sglang}{as_version} gave {len(built)} wheels instead of one.")
     return built[0]
 
 
@@ -908,7 +936,9 @@ def write_index(root: Path, wheels: list[Path], attrs: dict[str, dict[str, str]]
         "Simple index", [(f"{n}/", n, {}) for n in sorted(projects)]))
 
 
-def build_pypi(inputs: Inputs, out: Path, extra_wheels: list[Path] = ()) -> None:
+def build_pypi(inputs: Inputs, out: Path, extra_wheels: list[Path] = ()) -> list[str]:
+    """The index at out/pypi: a wheel of the simulator per version sglang_versions names, and extra_wheels.
+    Returns the simulator's versions."""
     meta = tomllib.loads((inputs.sglang / "pyproject.toml").read_text()).get("project", {})
     name = normalize(meta.get("name", ""))
     if name != "sglang":
@@ -917,12 +947,15 @@ def build_pypi(inputs: Inputs, out: Path, extra_wheels: list[Path] = ()) -> None
     if meta.get("dependencies"):
         say(f"note: the simulator declares dependencies {meta['dependencies']}; this index serves only "
             "sglang: lab hosts get them from the Hub stand-in's index (sim/hub; sglang_pip_extra_index_url).")
+    versions = sglang_versions(inputs.sglang)
     with tempfile.TemporaryDirectory(prefix="moefleet-pypi-") as tmp:
-        wheel = build_wheel(inputs.sglang, Path(tmp))
+        # each version from its own copy of the tree, so that no build sees another's files
+        wheels = [build_wheel(inputs.sglang, Path(tmp) / version, version) for version in versions]
         stage = staging(out / "pypi")
         requires = {"data-requires-python": meta["requires-python"]} if meta.get("requires-python") else {}
-        write_index(stage, [wheel, *extra_wheels], {wheel.name: requires})
+        write_index(stage, [*wheels, *extra_wheels], {wheel.name: requires for wheel in wheels})
         swap_in(stage, out / "pypi")
+    return versions
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -940,10 +973,14 @@ def apt_complete(out: Path, arches: list[str]) -> bool:
     return signed and all((out / "apt" / ARCHIVE_DIR / ARCH_DIRS[a] / "Release").is_file() for a in arches)
 
 
-def pypi_complete(out: Path) -> bool:
+def pypi_complete(out: Path, versions: list[str]) -> bool:
+    """Whether the index lists the simulator at every one of ``versions`` and the model gateway."""
     page = out / "pypi" / "simple" / "sglang" / "index.html"
-    return (page.is_file() and any((out / "pypi" / "packages" / "sglang").glob("*.whl"))
-            and (out / "pypi" / "simple" / "smg" / "index.html").is_file())
+    if not page.is_file() or not (out / "pypi" / "simple" / "smg" / "index.html").is_file():
+        return False
+    listed = page.read_text()
+    return all(f"sglang-{v}-py3-none-any.whl" in listed and
+               (out / "pypi" / "packages" / "sglang" / f"sglang-{v}-py3-none-any.whl").is_file() for v in versions)
 
 
 def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
@@ -964,7 +1001,8 @@ def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
         router_wheels = fetch_wheels(ROUTER_SPEC, DEFAULT_OUT.parent / "router-wheels")
         pypi_hash = digest(me, *(str(p.relative_to(inputs.sglang)) for p in sglang_files), *sglang_files,
                            *(w.name for w in router_wheels))
-        want_pypi = force or stamp.get("pypi") != pypi_hash or not pypi_complete(out)
+        versions = sglang_versions(inputs.sglang)
+        want_pypi = force or stamp.get("pypi") != pypi_hash or not pypi_complete(out, versions)
         keys = out.parent / "keys"
         dirs = key_dirs(keys)
         fingerprints = [(d / "fingerprint").read_text().strip() if (d / "fingerprint").is_file() else "none"
@@ -992,7 +1030,8 @@ def build(out: Path, sim: Path, force: bool = False) -> dict[str, bool]:
             build_pypi(inputs, out, router_wheels)
             stamp["pypi"] = pypi_hash
             write_atomic(stamp_path, json.dumps(stamp, indent=2).encode())
-            say("package index built (pypi/simple/sglang/, and smg with its dependencies).")
+            say(f"package index built (pypi/simple/sglang/: {', '.join(versions)}; and smg with its "
+                "dependencies).")
         else:
             say("package index is up to date (inputs unchanged).")
     say(f"mirrors ready in {out} ({time.monotonic() - started:.1f} s).")

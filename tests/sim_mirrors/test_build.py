@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,11 @@ requires-python = ">=3.9"
 
 [tool.setuptools]
 packages = ["sglang"]
+
+[tool.moefleet-sim]
+releases = ["0.5.10", "0.5.23"]
 """
+WHEELS = ["sglang-0.5.10+moefleetsim-py3-none-any.whl", "sglang-0.5.23+moefleetsim-py3-none-any.whl"]
 
 
 def make_fake_inputs(root: Path) -> Path:
@@ -374,18 +379,33 @@ def test_cuda_toolkit_packages(lab, tmp_path, xy):
 
 # --------------------------------------------------------------------------------------------- pypi
 
-def test_pypi_index_serves_the_wheel_with_its_hash(lab):
+def test_pypi_index_serves_a_wheel_per_release_with_its_hash(lab):
     out, _, _ = lab
     simple = out / "pypi" / "simple"
     assert 'href="sglang/"' in (simple / "index.html").read_text()
     page = (simple / "sglang" / "index.html").read_text()
     links = re.findall(r'href="([^"]+)"', page)
-    assert len(links) == 1
-    url, _, fragment = links[0].partition("#sha256=")
-    wheel = (simple / "sglang" / urllib.parse.unquote(url)).resolve()
-    assert wheel.name == "sglang-0.5.10+moefleetsim-py3-none-any.whl"
-    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == fragment
-    assert 'data-requires-python="&gt;=3.9"' in page
+    wheels = []
+    for link in links:
+        url, _, fragment = link.partition("#sha256=")
+        wheel = (simple / "sglang" / urllib.parse.unquote(url)).resolve()
+        assert hashlib.sha256(wheel.read_bytes()).hexdigest() == fragment
+        wheels.append(wheel)
+    assert [w.name for w in wheels] == WHEELS
+    for wheel, release in zip(wheels, ("0.5.10", "0.5.23"), strict=True):  # the metadata names the release
+        with zipfile.ZipFile(wheel) as zf:
+            metadata = zf.read(f"sglang-{release}+moefleetsim.dist-info/METADATA").decode()
+        assert f"\nVersion: {release}+moefleetsim\n" in metadata
+    assert page.count('data-requires-python="&gt;=3.9"') == 2
+
+
+def test_a_releases_list_that_is_not_a_list_of_versions_is_refused(tmp_path):
+    inputs = make_fake_inputs(tmp_path / "sim")
+    pyproject = inputs / "sglang" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('releases = ["0.5.10", "0.5.23"]', 'releases = "0.5.23"'))
+    result = build(tmp_path / "lab" / "mirror", inputs)
+    assert result.returncode == 1
+    assert "[tool.moefleet-sim] releases must be a list of SGLang versions" in result.stderr
 
 
 # --------------------------------------------------------------------------------------------- rebuilds
@@ -631,13 +651,16 @@ def test_apt_over_http_like_the_lab_hosts(lab, served, tmp_path):
     assert (tmp_path / "downloads" / "cuda-keyring_1.1-1_all.deb").is_file()
 
 
-def test_pip_downloads_the_pinned_simulator_from_the_index(served, tmp_path):
+@pytest.mark.parametrize(("spec", "wheel"), [("sglang==0.5.10", WHEELS[0]), ("sglang[all]==0.5.10", WHEELS[0]),
+                                           ("sglang==0.5.23", WHEELS[1])])
+def test_pip_downloads_the_pinned_simulator_from_the_index(served, tmp_path, spec, wheel):
+    """A pin without the local label takes the wheel of that release (PEP 440 ignores +moefleetsim there)."""
     result = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-         "--index-url", f"{served}/pypi/simple/", "--dest", str(tmp_path), "sglang==0.5.10"],
+         "--index-url", f"{served}/pypi/simple/", "--dest", str(tmp_path / "dl"), spec],
         capture_output=True, text=True, timeout=120, env=dict(os.environ, NO_PROXY="127.0.0.1"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [p.name for p in tmp_path.iterdir()] == ["sglang-0.5.10+moefleetsim-py3-none-any.whl"]
+    assert [p.name for p in (tmp_path / "dl").iterdir()] == [wheel]
 
 
 # --------------------------------------------------------------------------------------------- real inputs
@@ -667,4 +690,4 @@ def test_real_inputs(tmp_path):
         assert nvcc.returncode == 0, nvcc.stderr
         assert f"release {xy}" in nvcc.stdout, nvcc.stdout
     page = (out / "pypi" / "simple" / "sglang" / "index.html").read_text()
-    assert "sglang-0.5.10+moefleetsim-py3-none-any.whl" in page
+    assert all(wheel in page for wheel in WHEELS)
