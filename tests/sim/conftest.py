@@ -58,6 +58,7 @@ def lab(tmp_path, monkeypatch):
     monkeypatch.setenv("SIM_GPU_RUN_DIR", str(tmp_path / "run"))  # lost GPUs, NCCL hang (lab.py fault)
     monkeypatch.setenv("SGLANG_SIM_TIME_SCALE", SCALE)
     monkeypatch.delenv("SGLANG_SIM_FAULTS", raising=False)
+    monkeypatch.delenv("SGLANG_SIM_RELEASE", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     lab = Lab(tmp_path, spec, state, model)
     lab.dev, lab.home = dev, home
@@ -133,12 +134,16 @@ class Lab:
         return env
 
     def start(self, *flags: str, faults: list | None = None, port: int | None = None,
-              env: dict | None = None, wrap: tuple[str, ...] = ()) -> Server:
+              env: dict | None = None, wrap: tuple[str, ...] = (), release: str | None = None) -> Server:
+        """The simulator from the source tree, as SGLang ``release`` (SGLANG_SIM_RELEASE, sim-only: an installed
+        simulator is the release of its wheel) or sim/sglang/pyproject.toml's."""
         port = port or free_port()
         log = self.root / f"server-{len(self.servers)}.log"
         extra = dict(env or {})
         if faults is not None:
             extra["SGLANG_SIM_FAULTS"] = json.dumps(faults)
+        if release is not None:
+            extra["SGLANG_SIM_RELEASE"] = release
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
                 [*wrap, sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.model),

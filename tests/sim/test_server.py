@@ -25,7 +25,7 @@ TP8 = ("--tp-size", "8", "--mem-fraction-static", "0.8")
 def test_unknown_flag_fails_like_argparse(lab):
     srv = lab.start("--tp-size", "8", "--foo")
     assert srv.wait_exit() == 2
-    assert "launch_server.py: error: unrecognized arguments: --foo" in srv.log
+    assert "sglang serve: error: unrecognized arguments: --foo" in srv.log  # prepare_server_args's prog
 
 
 def test_tp_not_divisible_by_ep_is_refused(lab):

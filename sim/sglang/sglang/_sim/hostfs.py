@@ -34,9 +34,13 @@ import sysconfig
 import tempfile
 
 from . import gpu as G
+from . import release as R
 from . import tracebacks as TB
 
-FLASHINFER_VERSION = "0.6.7.post2"  # sglang-0.5.10 METADATA: flashinfer_python==0.6.7.post2
+# The FlashInfer each release pins (its METADATA: flashinfer_python==0.6.7.post2; flashinfer_python[cu13]==0.7.2),
+# whose version names its JIT cache directory: a new release builds its kernels again. The layout of 0.7.2's cache
+# is taken to be 0.6.7's (its wheel is not at hand).
+FLASHINFER_VERSIONS = {"0.5.10": "0.6.7.post2", "0.5.23": "0.7.2"}
 CUDA_ARCH = "120a"  # RTX PRO 6000 Blackwell: compute capability 12.0
 
 
@@ -172,7 +176,8 @@ def flashinfer_jit(module: str = "sampling") -> None:
     """FlashInfer's JitSpec.build_and_load: the module's build directory, then its file lock, taken at
     every load whether or not the module is built already (so a read-only cache fails every start)."""
     base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or home()
-    path = os.path.join(base, ".cache", "flashinfer", FLASHINFER_VERSION, CUDA_ARCH, "cached_ops", module)
+    path = os.path.join(base, ".cache", "flashinfer", FLASHINFER_VERSIONS[R.current()], CUDA_ARCH, "cached_ops",
+                        module)
     try:
         os.makedirs(path, exist_ok=True)
         os.close(os.open(os.path.join(path, f"{module}.lock"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -10,10 +11,13 @@ import random
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import chat as C
+from . import gpu as G
+from . import release as R
 from . import throughput as T
 from .clock import WALL_PER_SIM, Clock
 from .logs import emit, line
@@ -23,7 +27,6 @@ from .scheduler import Scheduler, hang_while_nccl_hangs
 WORDS = ["the", "model", "answers", "with", "simulated", "tokens", "from", "the", "lab", "while", "the", "real",
          "hardware", "is", "elsewhere", "and", "every", "number", "reported", "here", "follows", "the",
          "documented", "throughput", "model", "of", "the", "simulator"]
-VERSION = "0.5.10"
 # Wall seconds between two streamed chunks of one request, per request running. SGLang streams every token
 # (--stream-interval 1); at the lab's time scales a token lasts microseconds of wall time, so the simulator sends
 # the tokens decoded since the last chunk at most this often, and less often the more requests run, so that the
@@ -49,7 +52,7 @@ def health_generation_enabled() -> bool:
 
 
 class State:
-    def __init__(self, args, plan, cfg, clock, prefix_tp0: str):
+    def __init__(self, args, plan, cfg, clock, prefix_tp0: str, slowdown: float = 1.0):
         self.args = args
         self.plan = plan
         self.cfg = cfg
@@ -69,8 +72,11 @@ class State:
         self.dp_next = 0
         # --enable-metrics: what /metrics reports (metrics.py); set by the server once its ranks run
         self.metrics: Metrics | None = None
-        self.s1, self.agg = T.layout_rates(args.tp_size, args.pp_size, args.ep_size, args.dp_size,
-                                           args.enable_dp_attention)
+        # fault "slow" (faults.py): every prefill and decode step takes `slowdown` times as long
+        self.slowdown = slowdown
+        s1, self.healthy_agg = T.layout_rates(args.tp_size, args.pp_size, args.ep_size, args.dp_size,
+                                              args.enable_dp_attention)
+        self.s1, self.agg = s1 / slowdown, self.healthy_agg / slowdown
         self.created = int(time.time())
         # fault oom_runtime: requests answered before the next one runs out of memory in the forward pass, and
         # what makes the scheduler rank fail (set by the server); None: no runtime OOM
@@ -222,6 +228,9 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate"):
             self._health(path)
         elif path in ("/server_info", "/get_server_info"):
+            if path == "/get_server_info":  # http_server.get_server_info, in both releases
+                line(st.clock, "", "Endpoint '/get_server_info' is deprecated and will be removed in a future "
+                     "version. Please use '/server_info' instead.")
             self._send(200, server_info(st))
         elif path in ("/model_info", "/get_model_info"):
             self._send(200, {
@@ -234,13 +243,17 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [{
                 "id": st.args.served_model_name, "object": "model", "created": st.created, "owned_by": "sglang",
                 "root": st.args.served_model_name, "parent": None, "max_model_len": st.plan.context_len}]})
-        elif path == "/get_load":
+        elif path == "/get_load" and st.args.release == "0.5.10":  # 0.5.23 has no /get_load
             # http_server.get_load: a warning at each call, then the tokenizer manager's per-rank list
             line(st.clock, "", "Endpoint '/get_load' is deprecated and will be removed in a future version. "
                  "Please use '/v1/loads' instead.")
             self._send(200, [{"num_reqs": st.running, "num_waiting_reqs": 0, "num_tokens": 0}])
         elif path == "/v1/loads":
-            self._send(200, loads(st))
+            include = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("include")
+            try:
+                self._send(200, loads(st, include[0] if include else None))
+            except ValueError as exc:  # FastAPI's HTTPException(400, detail=...)
+                self._send(400, {"detail": str(exc)})
         else:
             self._send(404, {"detail": "Not Found"})
 
@@ -558,49 +571,104 @@ def _chat_chunk(cid, created, model, delta, finish):
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
 
-def loads(st: State) -> dict:
-    """GET /v1/loads (entrypoints/v1_loads.py): one entry per DP rank and their aggregate; requests go to the DP
-    ranks in turn."""
-    ranks = max(1, int(st.args.dp_size or 1)) if st.args.enable_dp_attention else 1
-    entries = []
-    for rank in range(ranks):
-        running = st.dp_running[rank] if ranks > 1 else st.running
-        entries.append({
-            "dp_rank": rank, "num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": 0,
-            "max_total_num_tokens": st.plan.max_total_num_tokens, "token_usage": 0.0, "gen_throughput": 0.0,
-            "cache_hit_rate": 0.0, "utilization": 0.0, "max_running_requests": st.plan.max_running_requests,
-            "num_total_reqs": running,
-        })
-    n = len(entries)
+# 0.5.23 LoadSnapshot.VALID_SECTIONS: what ?include= may name, and the section each fills
+LOAD_SECTIONS = {"core": None, "memory": "memory", "spec": "speculative", "lora": "lora", "disagg": "disaggregation",
+                 "queues": "queues", "all": None}
+
+
+def loads(st: State, include: str | None = None) -> dict:
+    """GET /v1/loads (entrypoints/v1_loads.py of the release): one entry per DP rank (requests go to them in turn).
+    0.5.10 adds their aggregate; 0.5.23 has none, names the accelerator and how many serve one DP rank, and gives
+    each rank's LoadSnapshot (managers/load_snapshot.py: the core fields, then the memory, disaggregation and queues
+    sections that scheduler_components/load_inquirer.py fills; speculative and LoRA ones only when in use), those
+    ``include`` names (comma-separated) when given: ValueError with SGLang's sentence for a section it does not know.
+    0.5.10's answer is the same whatever ``include`` says."""
+    args, plan = st.args, st.plan
+    ranks = max(1, int(args.dp_size or 1)) if args.enable_dp_attention else 1
+    running = [st.dp_running[rank] if ranks > 1 else st.running for rank in range(ranks)]
+    if args.release == "0.5.10":
+        entries = [{
+            "dp_rank": rank, "num_running_reqs": running[rank], "num_waiting_reqs": 0, "num_used_tokens": 0,
+            "max_total_num_tokens": plan.max_total_num_tokens, "token_usage": 0.0, "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0, "utilization": 0.0, "max_running_requests": plan.max_running_requests,
+            "num_total_reqs": running[rank],
+        } for rank in range(ranks)]
+        return {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": R.current(),
+            "dp_rank_count": len(entries), "loads": entries,
+            "aggregate": {
+                "total_running_reqs": sum(e["num_running_reqs"] for e in entries),
+                "total_waiting_reqs": sum(e["num_waiting_reqs"] for e in entries),
+                "total_reqs": sum(e["num_total_reqs"] for e in entries),
+                "avg_token_usage": 0.0, "avg_throughput": 0.0, "avg_utilization": 0.0,
+            },
+        }
+    memory = _memory_usage(plan)
+    entries = [{
+        "timestamp": time.time(), "dp_rank": rank, "num_running_reqs": running[rank], "num_waiting_reqs": 0,
+        "num_waiting_uncached_tokens": 0, "num_used_tokens": 0, "num_total_tokens": 0, "num_active_tokens": 0,
+        "num_prealloc_ready_tokens": 0, "max_total_num_tokens": plan.max_total_num_tokens,
+        "max_running_requests": plan.max_running_requests, "token_usage": 0.0, "gen_throughput": 0.0,
+        "cache_hit_rate": 0.0, "utilization": 0.0, "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0,
+        "decode_moments": None,
+        "memory": {"weight_gb": round(memory["weight"], 3), "kv_cache_gb": round(memory["kvcache"], 3),
+                   "graph_gb": round(memory["graph"], 3), "token_capacity": plan.max_total_num_tokens},
+        "disaggregation": {"mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+                           "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
+                           "decode_retracted_queue_reqs": 0, "kv_transfer_speed_gb_s": 0.0,
+                           "kv_transfer_latency_ms": 0.0},
+        "queues": {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
+    } for rank in range(ranks)]
+    if include is not None:
+        asked = {part.strip() for part in include.split(",")}
+        if not asked <= set(LOAD_SECTIONS):
+            raise ValueError(f"Invalid include sections: {asked - set(LOAD_SECTIONS)}. "
+                             f"Valid options: {sorted(LOAD_SECTIONS)}")
+        if "all" not in asked:
+            dropped = {LOAD_SECTIONS[name] for name in LOAD_SECTIONS if name not in asked} - {None}
+            entries = [{k: v for k, v in entry.items() if k not in dropped} for entry in entries]
     return {
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": VERSION,
-        "dp_rank_count": n, "loads": entries,
-        "aggregate": {
-            "total_running_reqs": sum(e["num_running_reqs"] for e in entries),
-            "total_waiting_reqs": sum(e["num_waiting_reqs"] for e in entries),
-            "total_reqs": sum(e["num_total_reqs"] for e in entries),
-            "avg_token_usage": 0.0, "avg_throughput": 0.0, "avg_utilization": 0.0,
-        },
+        # datetime.UTC is Python 3.11's; the simulator declares 3.10
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),  # noqa: UP017
+        "version": R.current(),
+        "accelerator": G.load_spec()["name"], "num_accelerators": args.tp_size * args.pp_size // ranks,
+        "loads": entries,
     }
 
 
+def _memory_usage(plan) -> dict:
+    """GiB per rank as the scheduler reports them (the largest rank's): weights, KV pool, CUDA graphs."""
+    return {"weight": max(rp.weights_gib_reported for rp in plan.ranks),
+            "kvcache": max(rp.kv_bytes for rp in plan.ranks) / (1 << 30),
+            "graph": max(rp.graph_bytes for rp in plan.ranks) / (1 << 30)}
+
+
 def server_info(st: State) -> dict:
-    from .args import SERVER_INFO_FIELDS
-    info = {k: getattr(st.args, k, None) for k in SERVER_INFO_FIELDS}
-    info["max_running_requests"] = st.plan.max_running_requests
-    info["context_length"] = st.plan.context_len
-    info["max_total_num_tokens"] = st.plan.max_total_num_tokens
+    """GET /server_info: the server's arguments (0.5.10: dataclasses.asdict; 0.5.23: its resolved record, with
+    attn_dp_size, the per-phase CUDA graph flags as given and cuda_graph_config), the scheduler's figures,
+    internal_states and the version."""
+    from .args import server_info_fields
+    args, plan = st.args, st.plan
+    info = {k: getattr(args, k, None) for k in server_info_fields(args.release)}
+    info.update(args.reported)
+    if args.release != "0.5.10":
+        info["cuda_graph_config"] = args.graphs
+    info["max_running_requests"] = plan.max_running_requests
+    info["context_length"] = plan.context_len
+    info["max_total_num_tokens"] = plan.max_total_num_tokens
+    memory = _memory_usage(plan)
     info["internal_states"] = [{
-        "max_total_num_tokens": st.plan.max_total_num_tokens, "max_running_requests": st.plan.max_running_requests,
-        "cuda_graph_max_bs": st.plan.cuda_graph_max_bs, "last_gen_throughput": round(st.last_gen_throughput, 2),
+        "max_total_num_tokens": plan.max_total_num_tokens, "max_running_requests": plan.max_running_requests,
+        "cuda_graph_max_bs": plan.cuda_graph_max_bs, "last_gen_throughput": round(st.last_gen_throughput, 2),
         "memory_usage": {
-            "weight": round(max(rp.weights_gib_reported for rp in st.plan.ranks), 2),
-            "kvcache": round(max(rp.kv_bytes for rp in st.plan.ranks) / (1 << 30), 2),
-            "graph": round(max(rp.graph_bytes for rp in st.plan.ranks) / (1 << 30), 2),
-            "token_capacity": st.plan.max_total_num_tokens,
+            "weight": round(memory["weight"], 2), "kvcache": round(memory["kvcache"], 2),
+            "graph": round(memory["graph"], 2), "token_capacity": plan.max_total_num_tokens,
         },
     }]
-    info["version"] = VERSION
+    info["version"] = R.current()
+    if args.release != "0.5.10":
+        info["startup_time"] = st.created
+        info["frontend"] = "python"
     return info
 
 

@@ -51,12 +51,20 @@ class Plan:
 
 
 def default_mem_settings(args, cfg: ModelConfig, gpu_mem_mib: int) -> None:
-    """server_args._handle_gpu_memory_settings (gpu_mem_mib: nvidia-smi's memory.total) and the VLM
-    adjustment, filling chunked_prefill_size, cuda_graph_max_bs and mem_fraction_static when absent.
-    Runs once per args (ServerArgs.__post_init__ does, before the server logs server_args=)."""
+    """The memory defaults of the release the simulator is (gpu_mem_mib: nvidia-smi's memory.total), filling
+    chunked_prefill_size, the CUDA graph batch sizes and mem_fraction_static when absent. Runs once per args
+    (ServerArgs.__post_init__ does, before the server logs server_args=)."""
     if getattr(args, "_memory_defaults_filled", False):
         return
     args._memory_defaults_filled = True
+    if args.release == "0.5.10":
+        _mem_settings_0_5_10(args, cfg, gpu_mem_mib)
+    else:
+        _mem_settings_0_5_23(args, cfg, gpu_mem_mib)
+
+
+def _mem_settings_0_5_10(args, cfg: ModelConfig, gpu_mem_mib: int) -> None:
+    """server_args._handle_gpu_memory_settings of 0.5.10 and the VLM adjustment."""
     if gpu_mem_mib < 35 * 1024:
         cps, gbs = 2048, (24 if args.tp_size < 4 else 80)
     elif gpu_mem_mib < 60 * 1024:
@@ -89,16 +97,134 @@ def default_mem_settings(args, cfg: ModelConfig, gpu_mem_mib: int) -> None:
         if gpu_mem_mib > 60 * 1024:
             reserved = max(reserved, 10 * 1024)
         mfs = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-        if cfg.is_multimodal:  # adjust_mem_fraction_for_vlm, on the vision config object SGLang built
-            v = cfg.vision or {}
-            layers = v.get("num_hidden_layers", 24)  # getattr(vision_config, ..., ViT-L/14 default)
-            hidden = v.get("hidden_size", 1024)
-            ratio = layers * hidden**2 / (24 * 1024**2)
-            factor = max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
-            mfs = mfs * 0.95 * factor
+        if cfg.is_multimodal:
+            mfs = mfs * vlm_factor(cfg)
         args.mem_fraction_static = mfs
     if args.enable_dp_attention and args.dp_size > 1:
         args.chunked_prefill_size = args.chunked_prefill_size // args.dp_size
+
+
+def vlm_factor(cfg: ModelConfig) -> float:
+    """adjust_mem_fraction_for_vlm (the same in both releases), on the vision config object SGLang built."""
+    v = cfg.vision or {}
+    layers = v.get("num_hidden_layers", 24)  # getattr(vision_config, ..., ViT-L/14 default)
+    hidden = v.get("hidden_size", 1024)
+    ratio = layers * hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+# 0.5.23: multimodal architectures that keep the breakable prefill CUDA graph (configs/model_config.py
+# multimodal_breakable_cuda_graph_supported_model_archs; the Kimi ones, the models the simulator loads)
+PREFILL_GRAPH_MULTIMODAL_ARCHS = ("KimiK25ForConditionalGeneration", "KimiK3ForConditionalGeneration")
+# 0.5.23 cuda_graph_hook: the breakable prefill graph is validated with these MoE all-to-all backends only
+PREFILL_GRAPH_A2A = ("none", "deepep", "megamoe", "flashinfer")
+
+
+def decode_bs_list(max_bs: int, no_padding: bool = False) -> list[int]:
+    """0.5.23 generate_decode_cuda_graph_batch_sizes (no speculative decoding): 0.5.10's list, plus max_bs."""
+    bs = list(range(1, max_bs + 1)) if no_padding else capture_bs_list(max_bs)
+    return bs if max_bs in bs else bs + [max_bs]
+
+
+def prefill_bs_list(max_bs: int) -> list[int]:
+    """0.5.23 generate_prefill_cuda_graph_batch_sizes: the captured token counts."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_bs + 1, 512)))
+    return [n for n in sizes if n <= max_bs]
+
+
+# 0.5.23 memory_hook: (GPU memory below GiB, chunked_prefill_size, decode max_bs if tp < 4, else); larger GPUs
+# take 16384 and 512
+MEMORY_BUCKETS_0_5_23 = ((20, 2048, 8, 8), (35, 4096, 48, 160), (60, 4096, 32, 160), (160, 8192, 256, 512))
+
+
+def _mem_settings_0_5_23(args, cfg: ModelConfig, gpu_mem_mib: int) -> None:
+    """0.5.23's resolution of the same settings (arg_groups/cuda_graph_hook.py handle_cuda_graph_config,
+    memory_hook.py handle_gpu_memory_settings, parallel_hook.py _handle_data_parallelism), for the flags the
+    simulator takes and its MLA models: the decode graph's max_bs (capped by --max-running-requests when left to the
+    default) and the breakable prefill graph, on by default, whose MLA reserve is 1.5 GiB; args.graphs holds both
+    phases as /server_info's cuda_graph_config reports them."""
+    # handle_cuda_graph_config: backends from the flags (an explicit one is kept), then the compatibility rules
+    decode = "full"
+    prefill, prefill_locked = "breakable", False
+    if args.disable_cuda_graph:
+        decode, prefill, prefill_locked = "disabled", "disabled", True
+    if args.disable_prefill_cuda_graph:
+        prefill, prefill_locked = "disabled", True
+    if args.disable_decode_cuda_graph:
+        decode = "disabled"
+    if args.cuda_graph_backend_decode:
+        decode = args.cuda_graph_backend_decode
+    if args.cuda_graph_backend_prefill:
+        prefill, prefill_locked = args.cuda_graph_backend_prefill, True
+    notes = args._resolution_notes = []  # what the resolution logs (server.py prints them before server_args=)
+    if not prefill_locked:
+        if args.pp_size > 1 and prefill == "breakable":
+            prefill = "disabled"  # opt-in with pipeline stages
+            notes.append("Disabling breakable prefill CUDA graph by default for pipeline parallelism. "
+                         "Set --cuda-graph-backend-prefill=breakable to opt in.")
+        elif prefill == "breakable":
+            rules = (("two-batch overlap", args.enable_two_batch_overlap),
+                     ("unvalidated a2a backend", args.moe_a2a_backend not in PREFILL_GRAPH_A2A),
+                     ("multimodal model",
+                      cfg.is_multimodal and cfg.architecture not in PREFILL_GRAPH_MULTIMODAL_ARCHS))
+            reason = next((name for name, applies in rules if applies), None)
+            if reason:
+                prefill = "disabled"
+                notes.append(f"Breakable CUDA graph is incompatible with {reason}; disabling prefill CUDA graph.")
+        attention = args.prefill_attention_backend or args.attention_backend
+        if prefill != "disabled" and cfg.architecture == "DeepseekV3ForCausalLM" and attention == "trtllm_mla":
+            prefill = "disabled"
+    # handle_gpu_memory_settings: sizes by the GPU's memory (chunked prefill, decode max_bs below TP4 and from it)
+    cps, small_tp, large_tp = next((tuple(b[1:]) for b in MEMORY_BUCKETS_0_5_23
+                                    if gpu_mem_mib < b[0] * 1024), (16384, 512, 512))
+    if args.chunked_prefill_size is None:
+        args.chunked_prefill_size = cps
+    max_bs = args.cuda_graph_max_bs_decode
+    if max_bs is None:
+        max_bs = small_tp if args.tp_size < 4 else large_tp
+        if args.max_running_requests is not None and max_bs > args.max_running_requests:
+            max_bs = args.max_running_requests
+    if args.cuda_graph_bs_decode is None:
+        bs = decode_bs_list(max_bs, args.disable_cuda_graph_padding)
+    else:
+        bs, max_bs = list(args.cuda_graph_bs_decode), max(args.cuda_graph_bs_decode)
+    prefill_max_bs = args.cuda_graph_max_bs_prefill
+    if prefill_max_bs is None:
+        prefill_max_bs = min(8192, args.chunked_prefill_size)  # MLA: capture at most 8192 tokens
+        if args.max_total_tokens is not None:
+            prefill_max_bs = min(prefill_max_bs, args.max_total_tokens)
+    prefill_bs = list(args.cuda_graph_bs_prefill) if args.cuda_graph_bs_prefill else prefill_bs_list(prefill_max_bs)
+    if args.mem_fraction_static is None:
+        tokens = args.chunked_prefill_size if args.chunked_prefill_size > 0 else args.max_prefill_tokens
+        reserved = 512 + max(tokens, 2048) * 1.5 + args.tp_size * args.pp_size / 8 * 1024
+        if decode != "disabled":  # reserve_for_graph_mb
+            reserved += max_bs * 2
+        if args.enable_dp_attention:  # attention DP (the simulator's layout: dp_size groups)
+            reserved += max_bs * args.dp_size * 3
+            if max_bs > 300:
+                reserved += max_bs * args.dp_size * 1.5
+        if prefill != "disabled":
+            reserved += 1.5 * 1024  # MLA
+            if prefill == "breakable" and args.moe_a2a_backend == "deepep":
+                reserved += 1024
+        if gpu_mem_mib > 60 * 1024:
+            reserved = max(reserved, 10 * 1024)
+        if decode != "disabled" and args.moe_a2a_backend == "deepep":  # reserve_for_deepep_a2a_mb
+            reserved += 2 * 1024
+        mfs = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+        args.mem_fraction_static = mfs * vlm_factor(cfg) if cfg.is_multimodal else mfs
+    if args.enable_dp_attention and args.dp_size > 1:  # _handle_data_parallelism, after the memory settings
+        args._chunked_prefill_before_dp = args.chunked_prefill_size
+        args.chunked_prefill_size = args.chunked_prefill_size // args.dp_size
+        if prefill != "disabled" and prefill_max_bs > args.chunked_prefill_size \
+                and args.cuda_graph_max_bs_prefill is None:
+            prefill_max_bs = args.chunked_prefill_size
+            if args.cuda_graph_bs_prefill is None:
+                prefill_bs = prefill_bs_list(prefill_max_bs)
+    args.cuda_graph_max_bs, args.cuda_graph_bs = max_bs, bs
+    args.graphs = {"decode": {"backend": decode, "max_bs": max_bs, "bs": bs},
+                   "prefill": {"backend": prefill, "max_bs": prefill_max_bs, "bs": prefill_bs}}
 
 
 def capture_bs_list(max_bs: int) -> list[int]:
@@ -143,8 +269,9 @@ def build_plan(args, cfg: ModelConfig, spec: dict, env: dict, faults: list[dict]
     # Rank processes that have no GPU fail in set_device.
     missing = [rp for rp in plan.ranks if rp.rank.gpu_id >= len(visible)]
     t0 = T_PROC_START
-    for rp in plan.ranks:
-        rp.events.append((t0, "log", "Init torch distributed begin."))
+    new = args.release != "0.5.10"
+    for rp in plan.ranks:  # 0.5.23: distributed/bootstrap.py init_parallel_runtime
+        rp.events.append((t0, "log", "Init parallel begin." if new else "Init torch distributed begin."))
     if missing:
         for rp in missing:
             rp.failed = True
@@ -183,13 +310,16 @@ def build_plan(args, cfg: ModelConfig, spec: dict, env: dict, faults: list[dict]
         allocs[r.gpu_id] = a
         rp.events.append((t0 + 0.2, "mem", {r.gpu_id: a.process_bytes - G.NCCL_COMM_BYTES * n_comms}))
         if args.tp_size > 2 and spec.get("pcie_only", True) and not args.disable_custom_all_reduce:
-            rp.events.append((t1 - 0.5, "warn",
-                              "Custom allreduce is disabled because it's not supported on more than two "
-                              "PCIe-only GPUs. To silence this warning, specify disable_custom_all_reduce=True "
-                              "explicitly."))
+            # 0.5.23 tries its JIT all-reduce (CustomAllReduceV2) first, then the legacy one, and each says no
+            for who in ("CustomAllReduceV2", "CustomAllreduce") if new else ("Custom allreduce",):
+                rp.events.append((t1 - 0.5, "warn",
+                                  f"{who} is disabled because it's not supported on more than two "
+                                  "PCIe-only GPUs. To silence this warning, specify disable_custom_all_reduce=True "
+                                  "explicitly."))
         rp.events.append((t1, "mem", {r.gpu_id: a.process_bytes}))
-        rp.events.append((t1, "log", f"Init torch distributed ends. elapsed={T_DIST_INIT:.2f} s, "
-                                     f"mem usage={(before - a.device_free()) / GB:.2f} GB"))
+        rp.events.append((t1, "log", f"Init parallel ends. elapsed={T_DIST_INIT:.2f} s" if new else
+                          f"Init torch distributed ends. elapsed={T_DIST_INIT:.2f} s, "
+                          f"mem usage={(before - a.device_free()) / GB:.2f} GB"))
     if "stale_gpu_process" in fault_names:
         pass  # the stale holder was spawned before planning; its memory is already in `others`
     if "oom_weight_load" in fault_names:
@@ -292,7 +422,8 @@ def build_plan(args, cfg: ModelConfig, spec: dict, env: dict, faults: list[dict]
             continue
         rp.kv_bytes = per_layer * n_layers
         rp.events.append((t3, "mem", {r.gpu_id: a.process_bytes}))
-        rp.events.append((t3, "log", f"KV Cache is allocated. #tokens: {tokens}, "
+        dtype = f"dtype: {TORCH_DTYPES.get(kv_dtype, 'torch.bfloat16')}, " if new else ""  # 0.5.23 names it
+        rp.events.append((t3, "log", f"KV Cache is allocated. {dtype}#tokens: {tokens}, "
                                      f"KV size: {rp.kv_bytes / GB:.2f} GB"))
         rp.events.append((t3 + 0.1, "log", f"Memory pool end. avail mem={a.device_free() / GB:.2f} GB"))
     if any(rp.failed for rp in plan.ranks):
@@ -300,11 +431,16 @@ def build_plan(args, cfg: ModelConfig, spec: dict, env: dict, faults: list[dict]
         return plan
     t4 = t3 + T_KV
 
-    # --- CUDA graphs
+    # --- CUDA graphs: 0.5.23 captures the prefill graph first (cuda_graph_setup.capture_cuda_graphs)
+    if new:
+        t4, failed = _capture_prefill_graph(args, plan, allocs, t4)
+        if failed:
+            plan.fails = True
+            return plan
     gbs = min(args.cuda_graph_max_bs, max_reqs)
     plan.cuda_graph_max_bs = gbs
     t_ready = t4
-    if not args.disable_cuda_graph:
+    if (args.graphs["decode"]["backend"] != "disabled") if new else not args.disable_cuda_graph:
         bs_list = args.cuda_graph_bs or capture_bs_list(gbs)
         bs_list = [b for b in bs_list if b <= gbs]
         cap = T_GRAPH_PER_BS * len(bs_list)
@@ -318,8 +454,11 @@ def build_plan(args, cfg: ModelConfig, spec: dict, env: dict, faults: list[dict]
             r = rp.rank
             a = allocs[r.gpu_id]
             before = a.device_free()
-            rp.events.append((t4, "log", f"Capture cuda graph begin. This can take up to several minutes. "
-                                         f"avail mem={before / GB:.2f} GB"))
+            rp.events.append((t4, "log", f"Capture target decode CUDA graph begin. backend="
+                                         f"{args.graphs['decode']['backend']}, num_tokens_per_req=1, "
+                                         f"avail mem={before / GB:.2f} GB" if new else
+                              f"Capture cuda graph begin. This can take up to several minutes. "
+                              f"avail mem={before / GB:.2f} GB"))
             _, chunks = graph_pool_bytes(cfg, r, max(bs_list), len(bs_list))
             try:
                 for c in chunks:
@@ -329,11 +468,14 @@ def build_plan(args, cfg: ModelConfig, spec: dict, env: dict, faults: list[dict]
                 rp.events.append((t4 + cap / 2, "mem", {r.gpu_id: a.process_bytes}))
                 rp.events.append((t4 + cap / 2, "fail", ("graph", (str(exc), None))))
                 continue
-            rp.graph_bytes = before - a.device_free()
+            used = before - a.device_free()
+            rp.graph_bytes += used
             rp.events.append((t4 + cap, "mem", {r.gpu_id: a.process_bytes}))
-            rp.events.append((t4 + cap, "log", f"Capture cuda graph end. Time elapsed: {cap:.2f} s. "
-                                               f"mem usage={rp.graph_bytes / GB:.2f} GB. "
-                                               f"avail mem={a.device_free() / GB:.2f} GB."))
+            rp.events.append((t4 + cap, "log", f"Capture target decode CUDA graph end. bs={bs_list}, "
+                                               f"elapsed={cap:.2f} s, mem usage={used / GB:.2f} GB, "
+                                               f"avail mem={a.device_free() / GB:.2f} GB." if new else
+                              f"Capture cuda graph end. Time elapsed: {cap:.2f} s. "
+                              f"mem usage={used / GB:.2f} GB. avail mem={a.device_free() / GB:.2f} GB."))
         if any(rp.failed for rp in plan.ranks):
             plan.fails = True
             return plan
@@ -349,6 +491,49 @@ def build_plan(args, cfg: ModelConfig, spec: dict, env: dict, faults: list[dict]
         rp.events.append((t_ready + 0.3, "ready", None))
     plan.ready_at = t_ready + 0.5
     return plan
+
+
+# The KV pool's dtype as 0.5.23's "KV Cache is allocated" line prints it (--kv-cache-dtype auto: the model's bfloat16)
+TORCH_DTYPES = {"bfloat16": "torch.bfloat16", "bf16": "torch.bfloat16", "fp8_e4m3": "torch.float8_e4m3fn",
+                "fp8_e5m2": "torch.float8_e5m2"}
+# 0.5.23's breakable prefill graphs share the eager runner's activation buffer ("torch memory is reused by cuda
+# graph capture", memory_hook.reserve_for_graph_mb); what each captured size keeps besides is modelled as the 8 MiB
+# that hook reserves per size for non-MLA models (a documented model, not measured).
+PREFILL_GRAPH_BYTES_PER_SIZE = 8 * G.MiB
+T_PREFILL_GRAPH_PER_SIZE = 0.2
+
+
+def _capture_prefill_graph(args, plan: Plan, allocs: dict, t: float) -> tuple[float, bool]:
+    """0.5.23's prefill graph capture on every rank (cuda_graph_setup.capture_prefill_graph): its begin and end
+    lines, or the line saying it is disabled; returns when it ends and whether a rank ran out of memory."""
+    prefill = args.graphs["prefill"]
+    if prefill["backend"] == "disabled":
+        for rp in plan.ranks:
+            rp.events.append((t, "log", "Disable prefill CUDA graph because cuda_graph_config resolved "
+                                        "prefill.backend='disabled' (e.g. via --cuda-graph-backend-prefill=disabled "
+                                        "or auto-disable rules)."))
+        return t, False
+    sizes = prefill["bs"]
+    cap = T_PREFILL_GRAPH_PER_SIZE * len(sizes)
+    failed = False
+    for rp in plan.ranks:
+        a = allocs[rp.rank.gpu_id]
+        before = a.device_free()
+        rp.events.append((t, "log", f"Capture target prefill CUDA graph begin. backend={prefill['backend']}, "
+                                    f"num_tokens={sizes}, avail mem={before / GB:.2f} GB"))
+        try:
+            a.malloc(PREFILL_GRAPH_BYTES_PER_SIZE * len(sizes), private=True)
+        except G.OutOfMemory as exc:  # a breakable capture's OOM is PyTorch's own error, not wrapped
+            rp.failed = failed = True
+            rp.events.append((t + cap / 2, "mem", {rp.rank.gpu_id: a.process_bytes}))
+            rp.events.append((t + cap / 2, "fail", ("prefill_graph", (str(exc), None))))
+            continue
+        rp.graph_bytes += before - a.device_free()
+        rp.events.append((t + cap, "mem", {rp.rank.gpu_id: a.process_bytes}))
+        rp.events.append((t + cap, "log", f"Capture target prefill CUDA graph end. elapsed={cap:.2f} s, "
+                                          f"mem usage={(before - a.device_free()) / GB:.2f} GB, "
+                                          f"avail mem={a.device_free() / GB:.2f} GB."))
+    return t + cap, failed
 
 
 def cfg_checkpoint_bytes(cfg: ModelConfig) -> int:

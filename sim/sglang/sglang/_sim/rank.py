@@ -53,6 +53,8 @@ def failure_text(kind: str, payload, arch: str) -> str:
         return TB.oom_kv_alloc(payload[0])
     if kind == "graph":
         return TB.graph_oom(payload[0])
+    if kind == "prefill_graph":
+        return TB.prefill_graph_oom(payload[0])
     if kind == "nccl":
         return TB.nccl_error()
     if kind == "invalid_ordinal":
@@ -63,7 +65,7 @@ def failure_text(kind: str, payload, arch: str) -> str:
 # What a rank does to its host when it reaches a phase (the log line that opens it), as real SGLang does.
 def host_step(message: str, job: dict) -> None:
     visible = job["visible"]
-    if message.startswith("Init torch distributed begin"):
+    if message.startswith(("Init torch distributed begin", "Init parallel begin")):  # 0.5.10, 0.5.23
         H.cuda_init(job["gpu"], visible)  # set_device
         H.nccl_segment()  # the communicators' shared memory
         if job.get("p2p_check"):  # custom all-reduce on a 2-GPU TP group

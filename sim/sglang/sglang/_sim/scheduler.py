@@ -85,7 +85,7 @@ class Scheduler:
         self.clock = st.serve_clock
         self.chunk = int(st.args.chunked_prefill_size or -1)
         self.log_interval = max(1, int(getattr(st.args, "decode_log_interval", 40) or 40))
-        self.speed = prefill_speed(st.agg)
+        self.speed = prefill_speed(st.healthy_agg) / st.slowdown  # the healthy layout's speed, unless "slow"
         self.cuda_graph_max_bs = int(st.plan.cuda_graph_max_bs or 0)
         self.max_total = max(1, int(st.plan.max_total_num_tokens or 1))
         self.cv = threading.Condition()

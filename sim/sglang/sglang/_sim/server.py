@@ -21,6 +21,7 @@ import time
 from . import faults as F
 from . import gpu as G
 from . import hostfs as H
+from . import release as R
 from . import tracebacks as TB
 from .args import parse_args
 from .clock import Clock
@@ -102,9 +103,17 @@ def visible_gpus(spec: dict) -> list[int]:
     return out
 
 
+INTERNAL_ARGS = ("release", "reported", "graphs", "dp_conflict")  # the simulator's own, not SGLang's fields
+
+
 def server_args_repr(args) -> str:
-    keys = sorted(k for k in vars(args) if not k.startswith("_"))
-    return "ServerArgs(" + ", ".join(f"{k}={getattr(args, k)!r}" for k in keys) + ")"
+    """What the engine logs after `server_args=`: 0.5.10's dataclass repr, 0.5.23's resolved record as a dict
+    (engine.py _server_args_for_logging: ServerArgs.resolved_dict())."""
+    fields = {k: getattr(args, k) for k in sorted(vars(args)) if not k.startswith("_") and k not in INTERNAL_ARGS}
+    if args.release == "0.5.10":
+        return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+    fields = {k: v for k, v in fields.items() if k not in ("cuda_graph_max_bs", "cuda_graph_bs")}
+    return repr({**fields, **args.reported, "cuda_graph_config": args.graphs})
 
 
 def check_args(args) -> None:
@@ -113,8 +122,12 @@ def check_args(args) -> None:
         raise ValueError("tp_size, pp_size, ep_size and dp_size must be positive")
     if args.tp_size % args.ep_size != 0:
         raise ValueError(f"tp_size {args.tp_size} must be divisible by ep_size {args.ep_size}")
+    if getattr(args, "dp_conflict", None):  # 0.5.23 _handle_data_parallelism
+        raise ValueError(args.dp_conflict)
     if args.enable_dp_attention and args.tp_size % args.dp_size != 0:
-        raise AssertionError("tp_size must be divisible by dp_size when dp attention is enabled")
+        # 0.5.23 asserts tp_size % attn_dp_size == 0 without a message
+        raise AssertionError("" if args.release != "0.5.10" else
+                             "tp_size must be divisible by dp_size when dp attention is enabled")
     if args.enable_dp_lm_head and not args.enable_dp_attention:
         raise AssertionError("Please enable dp attention when setting enable_dp_lm_head. ")
     if (args.tp_size * args.pp_size) % args.nnodes != 0:
@@ -127,6 +140,11 @@ def check_args(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        R.current()
+    except R.UnknownRelease as exc:
+        emit(f"sglang (moefleet simulator): {exc}")
+        sys.exit(1)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     clock = Clock()
     clock.logical = 0.0
@@ -148,11 +166,16 @@ def main(argv: list[str] | None = None) -> None:
     # the engine logs server_args=, so the line shows the computed values, not None.
     spec = G.load_spec()
     default_mem_settings(args, cfg, int(spec["memory_total_mib"]))
-    if args.enable_dp_attention:
+    if args.enable_dp_attention and args.release != "0.5.10":  # parallel_hook._handle_data_parallelism
+        line(clock, "", f"DP attention is enabled. chunked prefill size is adjusted from "
+                        f"{args._chunked_prefill_before_dp} to {args.chunked_prefill_size}.")
+    elif args.enable_dp_attention:
         line(clock, "", f"DP attention is enabled. The chunked prefill size is adjusted to "
                         f"{args.chunked_prefill_size} to avoid MoE kernel issues. ")
     if args.pp_size > 1:
         line(clock, "", "Pipeline parallelism is incompatible with overlap schedule.")
+    for note in getattr(args, "_resolution_notes", ()):
+        line(clock, "", note)
     if args.trust_remote_code:  # the tokenizer's code, copied by transformers into $HF_HOME/modules
         try:
             H.copy_remote_code(args.model_path)
@@ -285,7 +308,7 @@ def _watch_children(clock: Clock) -> None:
 
 def serve(args, plan, cfg, clock: Clock, faults: list[dict]) -> None:
     tp0 = next(rp.rank for rp in plan.ranks if rp.rank.tp_rank == 0 and rp.rank.pp_rank == 0)
-    state = State(args, plan, cfg, clock, tp0.log_prefix)
+    state = State(args, plan, cfg, clock, tp0.log_prefix, slowdown=F.slowdown(faults, clock))
     start_helper_thread(state.scheduler.run)
     state.runtime_oom_after = F.runtime_oom_after(faults)
     state.garbage = any(f["fault"] == "garbage" for f in faults)

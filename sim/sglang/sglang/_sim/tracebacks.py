@@ -12,6 +12,8 @@ import sys
 
 import sglang
 
+from . import release as R
+
 PKG = os.path.dirname(os.path.abspath(sglang.__file__))
 SITE = os.path.dirname(PKG)
 TORCH = os.path.join(SITE, "torch")
@@ -115,15 +117,50 @@ GRAPH_HELP = (
     "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
     "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
 )
+# 0.5.23: model_executor/runner_backend_utils CUDA_GRAPH_CAPTURE_FAILED_MSG
+GRAPH_HELP_0_5_23 = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. (Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
+# 0.5.23's graph capture: ModelRunner.initialize -> cuda_graph_setup.capture_cuda_graphs -> the phase's runner
+_GRAPHS_0_5_23 = [
+    ("srt/model_executor/model_runner.py", 612, "initialize", "self.init_device_graphs()"),
+    ("srt/model_executor/model_runner.py", 2175, "init_device_graphs", "captured = capture_cuda_graphs("),
+]
 
 
 def graph_oom(message: str) -> str:
+    """The decode graph's capture running out of memory (the release's runner wraps it in its own Exception)."""
+    if R.current() != "0.5.10":
+        frames = _HEAD + _GRAPHS_0_5_23 + [
+            ("srt/model_executor/model_runner_components/cuda_graph_setup.py", 437, "capture_cuda_graphs",
+             "decode = capture_decode_graph(model_runner=model_runner)"),
+            ("srt/model_executor/model_runner_components/cuda_graph_setup.py", 777, "capture_decode_graph",
+             "runner = GraphRunnerCls(model_runner)"),
+            ("srt/model_executor/runner/decode_cuda_graph_runner.py", 602, "__init__", "raise Exception("),
+        ]
+        return _frames(frames) + f"\nException: Capture cuda graph failed: {message}\n{GRAPH_HELP_0_5_23}"
     frames = _HEAD + [
         ("srt/model_executor/model_runner.py", 378, "initialize", "self.init_device_graphs()"),
         ("srt/model_executor/model_runner.py", 1890, "init_device_graphs", "self.graph_runner = graph_runners["),
         ("srt/model_executor/cuda_graph_runner.py", 381, "__init__", "raise Exception("),
     ]
     return _frames(frames) + f"\nException: Capture cuda graph failed: {message}\n{GRAPH_HELP}"
+
+
+def prefill_graph_oom(message: str) -> str:
+    """0.5.23's breakable prefill graph running out of memory while it captures: PyTorch's error, unwrapped (only
+    the tc_piecewise backend wraps it in "Capture prefill CUDA graph failed")."""
+    frames = _HEAD + _GRAPHS_0_5_23 + [
+        ("srt/model_executor/model_runner_components/cuda_graph_setup.py", 424, "capture_cuda_graphs",
+         "prefill = capture_prefill_graph("),
+        ("srt/model_executor/model_runner_components/cuda_graph_setup.py", 691, "capture_prefill_graph",
+         "prefill_runner = PrefillCudaGraphRunner(model_runner)"),
+    ]
+    return _frames(frames) + f"\ntorch.OutOfMemoryError: {message}"
 
 
 # A scheduler's event loop, as run_scheduler_process runs it once the server serves (scheduler.py, tp_worker.py,
