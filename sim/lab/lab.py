@@ -179,6 +179,15 @@ def build_image(release: str = DEFAULT_OS) -> str:
     if podman("image", "exists", tag, check=False).returncode == 0:
         log(f"image {tag} is cached")
         return tag
+    saved = image_cache_file(tag)
+    if saved.is_file():
+        started = time.monotonic()
+        if podman("load", "-q", "-i", str(saved), check=False).returncode == 0 and \
+                podman("image", "exists", tag, check=False).returncode == 0:
+            log(f"image {tag} loaded from {saved} in {time.monotonic() - started:.0f} s")
+            return tag
+        log(f"{saved} did not load; building the image again")
+        saved.unlink(missing_ok=True)
     rootfs = LAB / ("rootfs" if release == DEFAULT_OS else f"rootfs-{release}")
     if rootfs.exists():
         shutil.rmtree(rootfs)
@@ -202,7 +211,33 @@ def build_image(release: str = DEFAULT_OS) -> str:
         if old.startswith(f"localhost/{PREFIX}-{release}:") and old != tag:
             podman("rmi", old, check=False)
     log(f"image {tag} built in {time.monotonic() - started:.0f} s")
+    _save_to_cache(tag)
     return tag
+
+
+def image_cache_file(tag: str) -> Path:
+    """Where a host image is kept outside the clone: each clone's podman storage is its own (.lab/podman), so a
+    fresh clone would run debootstrap again for an image whose recipe (its tag's hash) has not changed. Only the
+    debootstrap images are kept (downloads from Debian's archive); the installed-base image is the roles' work and
+    is built in each clone. Removing the directory makes the next clone build them again."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "moefleet" / "lab-images" / (tag.rsplit("/", 1)[-1].replace(":", "-") + ".tar")
+
+
+def _save_to_cache(tag: str) -> None:
+    saved = image_cache_file(tag)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    partial = saved.with_suffix(".partial")
+    partial.unlink(missing_ok=True)  # podman save refuses to overwrite
+    if podman("save", "-q", "-o", str(partial), tag, check=False).returncode != 0:
+        partial.unlink(missing_ok=True)
+        log(f"could not keep {tag} in {saved.parent}; the next clone builds it again")
+        return
+    partial.replace(saved)  # whole or absent: a clone that loads it never sees half a file
+    prefix = saved.name.rsplit("-", 1)[0] + "-"
+    for old in saved.parent.glob(f"{prefix}*.tar"):  # an older recipe of the same release
+        if old != saved:
+            old.unlink(missing_ok=True)
 
 
 # What the installed-base image holds: the install roles' work (sim/playbooks/installed_base.yml) on a Debian 12
