@@ -1020,8 +1020,9 @@ def is_log(lines) -> bool:
 
 
 # SGLang logs its arguments once at each launch, before any rank starts: where a log holds several starts (a
-# whole unit's journal export), the last start is the one judged, not the first failure in the file.
-_LAUNCH = re.compile(r"\bserver_args=ServerArgs\(")
+# whole unit's journal export), the last start is the one judged, not the first failure in the file. 0.5.10 logs the
+# dataclass (server_args=ServerArgs(...)), 0.5.23 its resolved record as a dict (server_args={...}).
+_LAUNCH = re.compile(r"\bserver_args=(?:ServerArgs\(|\{)")
 
 
 def launches(lines) -> list[int]:

@@ -244,12 +244,20 @@ def test_help_says_how_to_export_the_journal(capsys):
     assert "64-bit little-endian length" in text
 
 
-def _launch(when: str) -> str:
-    # SGLang's launch line (as in 11-ready-rtx3090-...log), logged once per start before any rank runs
-    return f"[{when}] server_args=ServerArgs(model_path='/models/k', tp_size=4, mem_fraction_static=0.8)\n"
+LAUNCH_LINES = {
+    # SGLang's launch line, logged once per start before any rank runs: 0.5.10's dataclass repr (as in
+    # 11-ready-rtx3090-...log), 0.5.23's resolved record as a dict (entrypoints/engine.py:
+    # logger.info(f"server_args={_server_args_for_logging(server_args)}"))
+    "0.5.10": "server_args=ServerArgs(model_path='/models/k', tp_size=4, mem_fraction_static=0.8)",
+    "0.5.23": "server_args={'model_path': '/models/k', 'tp_size': 4, 'mem_fraction_static': 0.8}",
+}
 
 
-def test_a_log_of_several_starts_is_judged_by_its_last_start(capsys, tmp_path):
+@pytest.mark.parametrize("release", sorted(LAUNCH_LINES))
+def test_a_log_of_several_starts_is_judged_by_its_last_start(capsys, tmp_path, release):
+    def _launch(when: str) -> str:
+        return f"[{when}] {LAUNCH_LINES[release]}\n"
+
     # A whole unit's journal: an OOM start, then a start that served. The OOM is history, not the verdict.
     oom_then_ready = tmp_path / "two-starts.log"
     oom_then_ready.write_text(_launch("2025-03-01 10:00:00") + OOM_LOG.read_text()
