@@ -82,6 +82,15 @@ def sglang_release(spec):
     return sglang_releases.release_of(spec)
 
 
+def sglang_cuda_toolkit(release):
+    """The CUDA toolkit release (X.Y) a supported SGLang release is built for (``0.5.23`` -> ``13.0``): the default of
+    cuda_toolkit_version, so that an upgrade installs the new release's toolkit beside the old one."""
+    if release not in sglang_releases.STACK:
+        raise AnsibleFilterError(f"moefleet.serving.sglang_cuda_toolkit: no CUDA toolkit is known for SGLang {release!r}; "
+                                 f"supported: {', '.join(sglang_releases.SUPPORTED)}.")
+    return sglang_releases.toolkit_for(release)
+
+
 def fallback_ladder(catalog, name):
     """The profile names from ``name`` down its fallbacks to the end of the ladder."""
     try:
@@ -422,6 +431,7 @@ class FilterModule:
             "plan": plan,
             "profile_args": profile_args,
             "sglang_release": sglang_release,
+            "sglang_cuda_toolkit": sglang_cuda_toolkit,
             "release_flags": release_flags,
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,

@@ -37,9 +37,14 @@ RENAMED: dict[str, dict[str, str]] = {
 # need, which the host's toolkit (cuda_toolkit_version: nvcc for SGLang's JIT kernels) must match, and the oldest
 # NVIDIA driver branch that runs that CUDA (NVIDIA's CUDA release notes: CUDA 13.0 needs 580 or newer; Blackwell
 # needs 570 or newer for CUDA 12.8 and later).
+# "toolkit": the CUDA toolkit release moefleet installs for it by default (cuda_toolkit_version follows the pinned
+# release; each toolkit in /usr/local/cuda-X.Y with an environment file of its own, so that a unit of the old release
+# keeps the toolkit it was built for after an upgrade installed the next).
 STACK: dict[str, dict[str, Any]] = {
-    "0.5.10": {"cuda_major": 12, "driver_branch": 570, "built": "cuda-python==12.9 and torch 2.9.1"},
-    "0.5.23": {"cuda_major": 13, "driver_branch": 580, "built": "cuda-python>=13.0, torch 2.14.1 and cu13 kernels"},
+    "0.5.10": {"cuda_major": 12, "driver_branch": 570, "toolkit": "12.9",
+               "built": "cuda-python==12.9 and torch 2.9.1"},
+    "0.5.23": {"cuda_major": 13, "driver_branch": 580, "toolkit": "13.0",
+               "built": "cuda-python>=13.0, torch 2.14.1 and cu13 kernels"},
 }
 
 # The one command that adds a release: its parser's data from its wheel (and its oracle venv).
@@ -102,8 +107,8 @@ def stack_problems(release: str, cuda_version: Any, driver_branch: Any, host: st
     if major is not None and major != need["cuda_major"]:
         problems.append(
             f"SGLang {release} is built for CUDA {need['cuda_major']} ({need['built']}) but {host} sets "
-            f"cuda_toolkit_version {cuda_version!r}: set cuda_toolkit_version to a CUDA {need['cuda_major']} "
-            f"release{instead}.")
+            f"cuda_toolkit_version {cuda_version!r}: leave cuda_toolkit_version unset (it follows the pinned release: "
+            f"{need['toolkit']}) or set it to a CUDA {need['cuda_major']} release{instead}.")
     branch = _whole(driver_branch)
     if branch is not None and branch < need["driver_branch"]:
         problems.append(
@@ -111,6 +116,11 @@ def stack_problems(release: str, cuda_version: Any, driver_branch: Any, host: st
             f"{need['driver_branch']} or newer, but {host} sets nvidia_driver_branch {branch}: set it to "
             f"{need['driver_branch']} or newer{instead}.")
     return problems
+
+
+def toolkit_for(release: str) -> str:
+    """The CUDA toolkit release (X.Y) moefleet installs for ``release`` unless cuda_toolkit_version says otherwise."""
+    return STACK[release]["toolkit"]
 
 
 def _fits(need: Mapping[str, Any], cuda_version: Any, driver_branch: Any) -> bool:

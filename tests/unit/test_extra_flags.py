@@ -171,15 +171,15 @@ def test_dp_attention_is_written_as_0_5_23_sizes_it():
 @pytest.mark.parametrize(("inputs", "sentences"), [
     ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "12.9", "nvidia_driver_branch": 580},
      ["SGLang 0.5.23 is built for CUDA 13 (cuda-python>=13.0, torch 2.14.1 and cu13 kernels) but gpu-1 sets "
-      "cuda_toolkit_version '12.9': set cuda_toolkit_version to a CUDA 13 release, or pin sglang[all]==0.5.10, which "
-      "this host's stack runs."]),
+      "cuda_toolkit_version '12.9': leave cuda_toolkit_version unset (it follows the pinned release: 13.0) or set it "
+      "to a CUDA 13 release, or pin sglang[all]==0.5.10, which this host's stack runs."]),
     ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 575},
      ["SGLang 0.5.23 needs CUDA 13, which needs NVIDIA driver branch 580 or newer, but gpu-1 sets "
       "nvidia_driver_branch 575: set it to 580 or newer."]),
     ({"sglang_package_spec": "sglang==0.5.10", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 580},
      ["SGLang 0.5.10 is built for CUDA 12 (cuda-python==12.9 and torch 2.9.1) but gpu-1 sets cuda_toolkit_version "
-      "'13.0': set cuda_toolkit_version to a CUDA 12 release, or pin sglang[all]==0.5.23, which this host's stack "
-      "runs."]),
+      "'13.0': leave cuda_toolkit_version unset (it follows the pinned release: 12.9) or set it to a CUDA 12 release, "
+      "or pin sglang[all]==0.5.23, which this host's stack runs."]),
     ({"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "13.0", "nvidia_driver_branch": 580}, []),
     ({"sglang_package_spec": "sglang==0.5.10", "cuda_toolkit_version": "12.9", "nvidia_driver_branch": 580}, []),
 ])
