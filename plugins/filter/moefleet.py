@@ -23,6 +23,7 @@ from ansible_collections.moefleet.serving.plugins.module_utils import (
     planner,
     playbook_inputs,
     profiles,
+    release_compare,
     rollback,
     serving_model,
     sglang_releases,
@@ -86,9 +87,22 @@ def sglang_cuda_toolkit(release):
     """The CUDA toolkit release (X.Y) a supported SGLang release is built for (``0.5.23`` -> ``13.0``): the default of
     cuda_toolkit_version, so that an upgrade installs the new release's toolkit beside the old one."""
     if release not in sglang_releases.STACK:
-        raise AnsibleFilterError(f"moefleet.serving.sglang_cuda_toolkit: no CUDA toolkit is known for SGLang {release!r}; "
-                                 f"supported: {', '.join(sglang_releases.SUPPORTED)}.")
+        raise AnsibleFilterError(f"moefleet.serving.sglang_cuda_toolkit: no CUDA toolkit is known for SGLang "
+                                 f"{release!r}; supported: {', '.join(sglang_releases.SUPPORTED)}.")
     return sglang_releases.toolkit_for(release)
+
+
+def release_compare_filter(before, after, tolerance, host="the host"):
+    """An upgrade's judgement: ``{{ before | moefleet.serving.release_compare(after, 0.1, inventory_hostname) }}``,
+    the two sglang_speed results; ``verdict`` slower, not_slower or unmeasured, with its ``reason``
+    (plugins/module_utils/release_compare.py)."""
+    try:
+        share = float(tolerance)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(f"moefleet.serving.release_compare: tolerance {tolerance!r} is not a number") from None
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        raise AnsibleFilterError("moefleet.serving.release_compare: give it two sglang_speed results (dicts)")
+    return release_compare.compare(before, after, share, str(host))
 
 
 def fallback_ladder(catalog, name):
@@ -432,6 +446,7 @@ class FilterModule:
             "profile_args": profile_args,
             "sglang_release": sglang_release,
             "sglang_cuda_toolkit": sglang_cuda_toolkit,
+            "release_compare": release_compare_filter,
             "release_flags": release_flags,
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,

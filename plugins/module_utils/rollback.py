@@ -18,6 +18,8 @@ fallback ladder and the attempts made so far (each with its outcome), ``next_ste
   problem; restore the last unit that served, no ladder;
 - wrong answers (``wrong_output``: the correctness gate, answer_check.py, failed on a server that serves): treated as
   a crash of that layout, restore the last unit that served;
+- a new SGLang release slower than the one it replaces (``slower_release``: an upgrade's benchmark,
+  release_compare.py): restore the last unit that served, the old release's;
 - GPUs CUDA cannot use (``gpu_unavailable``: device nodes missing or closed to the unit, no driver loaded, driver
   and libraries of different versions, a lost GPU): no layout, smaller or not, starts on such a host, so no
   fallback and no retune either; the last unit that served is restored, and its start fails the same way until the
@@ -189,6 +191,10 @@ def next_step(
         return {"action": "restore",
                 "reason": f"{name} started but answers wrongly (check {cause} failed), which no retune of the "
                           "layout is known to fix; restoring the last unit that served."}
+    if state == "slower_release":
+        return {"action": "restore",
+                "reason": f"{outcome.get('advice') or cause} The last unit that served names its release's "
+                          "virtualenv, which stays installed: the switch back needs no pip."}
     if cause == "gpu_unavailable":
         return {"action": "restore",
                 "reason": f"{name} could not use the host's GPUs (gpu_unavailable), which no layout or retune fixes; "

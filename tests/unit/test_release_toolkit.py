@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from playbook import ROOT, run_playbook
-
 from ansible_collections.moefleet.serving.plugins.module_utils import sglang_releases
+from playbook import ROOT, run_playbook
 
 DEFAULTS = [ROOT / "roles" / "moefleet_defaults" / "defaults" / "main.yml",
             ROOT / "roles" / "cuda_toolkit" / "defaults" / "main.yml",
@@ -28,8 +27,8 @@ def rendered(tmp_path: Path, extra: dict) -> dict:
         "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars_files": [str(p) for p in DEFAULTS],
         "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-        "tasks": [{"ansible.builtin.copy": {"content": "{{ {%s} | to_json }}" % ", ".join(
-            f"'{name}': {name}" for name in SHOWN), "dest": str(out), "mode": "0600"}}],
+        "tasks": [{"ansible.builtin.copy": {"content": "{{ {" + ", ".join(f"'{name}': {name}" for name in SHOWN)
+                                                       + "} | to_json }}", "dest": str(out), "mode": "0600"}}],
     }]))
     # as an inventory's variables would (the defaults files are vars_files here, above play vars)
     done = run_playbook("localhost,", str(playbook), json.dumps(extra), timeout=120)
@@ -45,7 +44,8 @@ def test_each_release_gets_its_toolkit_with_an_environment_file_of_its_own(tmp_p
     assert found["cuda_toolkit_package"] == "cuda-toolkit-" + toolkit.replace(".", "-")
     assert found["cuda_toolkit_home"] == f"/usr/local/cuda-{toolkit}"
     # the unit names the toolkit's own file, and the release's own virtualenv
-    assert found["sglang_service_cuda_env_file"] == found["cuda_toolkit_env_file"] == f"/etc/default/cuda-toolkit-{toolkit}"
+    env_file = f"/etc/default/cuda-toolkit-{toolkit}"
+    assert found["sglang_service_cuda_env_file"] == found["cuda_toolkit_env_file"] == env_file
     assert found["sglang_venv"] == f"/opt/sglang/{release}"
     # the defaults pass the controller's pairing of the release with the host's toolkit and driver
     assert sglang_releases.stack_problems(release, found["cuda_toolkit_version"], found["nvidia_driver_branch"],
@@ -56,7 +56,8 @@ def test_an_operators_toolkit_is_kept_and_judged(tmp_path):
     found = rendered(tmp_path, {"sglang_package_spec": "sglang==0.5.23", "cuda_toolkit_version": "12.9"})
     assert found["cuda_toolkit_env_file"] == "/etc/default/cuda-toolkit-12.9"
     problems = sglang_releases.stack_problems("0.5.23", found["cuda_toolkit_version"], 580, "gpu-1")
-    assert len(problems) == 1 and "leave cuda_toolkit_version unset (it follows the pinned release: 13.0)" in problems[0]
+    assert len(problems) == 1, problems
+    assert "leave cuda_toolkit_version unset (it follows the pinned release: 13.0)" in problems[0]
 
 
 def test_the_uninstall_knows_every_supported_releases_toolkit():
