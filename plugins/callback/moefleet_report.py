@@ -366,6 +366,9 @@ class CallbackModule(CallbackBase):
             "started": _iso(entry.start) if entry.reached else None,
             "ended": _iso(entry.end) if entry.reached else None,
             "message": entry.message or (scrub(stopped_by or "", self._secrets) if state == "stopped" else ""),
+            # an upgrade's benchmark of the old and the new release (roles/sglang_service, release_compare.py)
+            "release_compare": outcome.get("release_compare") if isinstance(outcome.get("release_compare"), dict)
+            else None,
         }
 
     def _serve_batches(self) -> list[list[str]]:

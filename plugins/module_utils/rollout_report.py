@@ -213,9 +213,33 @@ def render_text(report: dict) -> str:
 
     lines = [_headline(report), fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in body)]
     lines += [f"{row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
+    compared = releases_compared(report)
+    if compared:
+        lines += ["SGLang releases, old against new (best run of each):", *(f"  {line}" for line in compared)]
     if report.get("next_steps"):
         lines += ["Next steps:", *(f"  {step}" for step in report["next_steps"])]
     return "\n".join(lines)
+
+
+def releases_compared(report: dict) -> list[str]:
+    """One line per host whose run replaced its SGLang release: both releases' figures and the verdict."""
+    lines = []
+    for row in report["hosts"]:
+        compared = row.get("release_compare")
+        if not isinstance(compared, dict):
+            continue
+        old = (compared.get("before") or {}).get("release") or "?"
+        new = (compared.get("after") or {}).get("release") or "?"
+        figures = []
+        for metric, label, unit in (("output_tok_s", "output", "tok/s"), ("ttft_ms", "TTFT", "ms")):
+            m = (compared.get("metrics") or {}).get(metric)
+            if m:
+                figures.append(f"{label} {m['before']} -> {m['after']} {unit} ({m['change']:+.0%}, noise "
+                               f"{m['noise']:.0%})")
+        verdict = {"slower": "slower: switched back", "not_slower": "not slower: kept",
+                   "unmeasured": "not measured"}.get(compared.get("verdict"), compared.get("verdict"))
+        lines.append(f"{row['host']}: {old} -> {new}: {'; '.join(figures) or compared.get('reason', '')} [{verdict}]")
+    return lines
 
 
 def _md(text: object) -> str:
@@ -248,6 +272,9 @@ def render_markdown(report: dict) -> str:
     notes = [f"- {row['host']}: {row['message']}" for row in report["hosts"] if row.get("message")]
     if notes:
         lines += ["", "## Notes", "", *notes]
+    compared = releases_compared(report)
+    if compared:
+        lines += ["", "## SGLang releases, old against new", "", *(f"- {_md(line)}" for line in compared)]
     if report.get("next_steps"):
         lines += ["", "## Next steps", ""]
         for step in report["next_steps"]:

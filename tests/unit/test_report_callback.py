@@ -603,3 +603,41 @@ def test_a_deploy_report_says_deploy_has_no_canary_and_resumes_with_moefleet_dep
     markdown = base.with_name("r31.md").read_text()
     assert markdown.startswith("# Deploy report: ep8") and "(canary)" not in markdown
     assert "\n".join(run.cb._display.lines).startswith("Deploy of ep8: ")
+
+
+def test_an_upgrade_shows_old_against_new_per_host_and_why_the_canary_switched_back(tmp_path):
+    """An upgrade whose canary measured the new release slower (roles/sglang_service: the outcome carries the
+    comparison): the report's JSON keeps both releases' figures per host, the text and Markdown say old against new
+    and which host switched back; a host whose run replaced no release has none."""
+    from ansible_collections.moefleet.serving.plugins.module_utils import release_compare
+
+    def measured(release, *runs):
+        return {"release": release, "measured": True,
+                "runs": [{"requests": 16, "failed": 0, "wall_s": 9.0, "output_tok_s": tput, "ttft_ms": ttft}
+                         for tput, ttft in runs]}
+
+    slower = release_compare.compare(measured("0.5.10", (800, 100), (798, 101)),
+                                     measured("0.5.23", (660, 121), (658, 122)), 0.1, "lab-1")
+    kept = release_compare.compare(measured("0.5.10", (800, 100), (798, 101)),
+                                   measured("0.5.23", (812, 96), (805, 98)), 0.1, "lab-2")
+    base = tmp_path / "up"
+    run = Run(extra={"moefleet_report_path": str(base), "sglang_package_spec": "sglang[all]==0.5.23"})
+    run.validate_and_confirm({"lab-1": "ep8", "lab-2": "ep8", "lab-3": "ep8"})
+    run.serve_batch(["lab-1"], {"lab-1": {**ready(), "release_compare": kept}})
+    run.serve_batch(["lab-2"], {"lab-2": {**ready(), "outcome": "restored", "release_compare": slower}})
+    run.task(FAIL_TASK, ["lab-2"], {"msg": "lab-2 does not serve ep8: outcome restored. " + slower["reason"]},
+             status="failed")
+    run.stats(failures={"lab-2": 1})
+
+    report = read(base)
+    rows = {h["host"]: h for h in report["hosts"]}
+    assert rows["lab-1"]["release_compare"]["verdict"] == "not_slower"
+    tput = rows["lab-2"]["release_compare"]["metrics"]["output_tok_s"]
+    assert (tput["before"], tput["after"], tput["change"]) == (800.0, 660.0, -0.175), tput
+    assert rows["lab-3"]["release_compare"] is None and rows["lab-3"]["outcome"] == "untouched"
+    markdown = (tmp_path / "up.md").read_text()
+    assert "## SGLang releases, old against new" in markdown
+    assert "- lab-2: 0.5.10 -> 0.5.23: output 800.0 -> 660.0 tok/s (-18%, noise 0%); TTFT 100.0 -> 121.0 ms (+21%, " \
+           "noise 1%) [slower: switched back]" in markdown
+    shown = "\n".join(run.cb._display.lines)
+    assert "lab-1: 0.5.10 -> 0.5.23: output 800.0 -> 812.0 tok/s (+2%" in shown and "[not slower: kept]" in shown
