@@ -11,9 +11,10 @@ DOCUMENTATION = r"""
 module: sglang_speed
 short_description: Measure the time to first token and the output throughput of the SGLang server that serves now
 description:
-  - Asks the server its release (C(/server_info)'s C(version)), then sends O(prompts) streamed C(/generate) requests
-    of O(input_tokens) prompt tokens and O(output_tokens) generated tokens each, O(concurrency) at a time, O(runs)
-    times in a row; each run's median time to first token and output throughput come back in RV(runs).
+  - Asks the server its release (C(/server_info)'s C(version)), then, O(runs) times in a row, sends the first 4 prompts
+    alone one after the other (the median time to first token) and then O(prompts) streamed C(/generate) requests of
+    O(input_tokens) prompt tokens and O(output_tokens) generated tokens each, O(concurrency) at a time (the output
+    throughput); each run's figures come back in RV(runs).
   - The prompts are the same token ids on every run and every release (a fixed seed), greedy, C(ignore_eos).
   - With O(unless_release), a server that already runs that release is not measured (RV(measured) false): an upgrade
     measures the release it replaces only.
@@ -80,8 +81,9 @@ measured:
   type: bool
 runs:
   description: >-
-    Each run with C(requests), C(failed), C(wall_s), and when a request completed C(ttft_ms) (median) and
-    C(output_tok_s); C(error) is the first failed request's.
+    Each run with C(requests) (the probes alone included), C(failed), C(wall_s) (of the concurrent part), and when
+    requests completed C(ttft_ms) (the median of the probes) and C(output_tok_s); C(error) is the first failed
+    request's.
   returned: always
   type: list
   elements: dict
