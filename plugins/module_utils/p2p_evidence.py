@@ -1,9 +1,10 @@
 """Peer-to-peer evidence: read what a host prints about its GPUs' PCIe peer-to-peer path, and decide the NCCL set
 (`pcie_p2p` or `pcie_shm`) from it, with the reason and the fix to name.
 
-Read by `moefleet p2p-check FILE...` for pasted outputs, and meant for the on-host preflight module (issue 36), which
-can hand it the same texts it runs on the host. Pure standard library, no I/O, no Ansible import. docs/p2p.md has the
-evidence table (state -> verdict -> fix) and the public sources; tests/data/p2p/SOURCES.md the corpus it is tested on.
+Read by `moefleet p2p-check FILE...` for pasted outputs, and by the on-host preflight (plugins/modules/p2p_preflight.py,
+issue 36), which hands it the same texts it runs on the host and its own all-reduce's results. Pure standard library,
+no I/O, no Ansible import. docs/p2p.md has the evidence table (state -> verdict -> fix) and the public sources;
+tests/data/p2p/SOURCES.md the corpus it is tested on.
 
 What it reads (each parser takes the whole text and keeps the lines it knows, so a pasted report with several
 outputs, shell prompts, `sudo` lines, ANSI colour codes, CRLF line ends, tabs or runs of spaces reads as well):
@@ -31,6 +32,9 @@ Public API:
     decide(evidence, gpus=None) -> dict        verdict "pcie_p2p", "pcie_shm" or "unknown", with reason, fix,
                                                what is missing, the rules that fired and any contradiction
     RULES                                      the evidence table: each row's state, verdict, fix and source
+    allreduce_evidence(run, p2p, ...)          the on-host preflight's own all-reduce run as evidence (it outranks
+                                               the rest; with it decide() may say "stuck": the GPUs stopped answering)
+    sysfs_iommu_evidence(entries)              /sys/class/iommu's entries as IOMMU evidence (empty: off)
     setpci_fix(bridges) / cmdline_fix(bridges) the runtime and boot-time lines that clear ACS redirect
 
 The decision follows shared evidence from public reports (docs/p2p.md): the hangs came from ACS request/completion
@@ -46,6 +50,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 VERDICT_P2P, VERDICT_SHM, VERDICT_UNKNOWN = "pcie_p2p", "pcie_shm", "unknown"
+# Only the on-host preflight gives it (an all-reduce of its own left the GPUs not answering): the host needs a reboot.
+VERDICT_STUCK = "stuck"
 KINDS = ("p2p_bandwidth", "nccl", "topo_p2p", "topo_matrix", "lspci", "iommu")
 
 # A P2P=Enabled bandwidth below this share of the P2P=Disabled one (the copy through host memory) is broken P2P:
@@ -69,8 +75,39 @@ FIX_IOMMU = ("or stop the IOMMU translating GPU DMA: add iommu=pt to the kernel 
 FIX_SHM = ("until then serve with the pcie_shm NCCL set (NCCL_P2P_DISABLE=1), and with --disable-custom-all-reduce "
            "where SGLang's custom all-reduce would use P2P (TP groups of two GPUs)")
 
-# Each row: id, the state it reads, the verdict it gives, the fix it names, and where the rule comes from.
+FIX_REBOOT = ("reboot the host (remediation): GPUs left spinning by a hung all-reduce stay so until then; after the "
+              "reboot the preflight does not run P2P again in the same ACS/IOMMU state and serves pcie_shm. To serve "
+              "with P2P,")
+
+# Each row: id, the state it reads, the verdict it gives, the fix it names, and where the rule comes from. The
+# allreduce-* rows and gpus-stuck read the on-host preflight's own all-reduce (allreduce_evidence), which outranks
+# everything pasted.
 RULES: tuple[dict[str, str], ...] = (
+    {"id": "gpus-stuck", "state": "after the preflight's all-reduce hung and was killed, the GPUs do not answer "
+     "(nvidia-smi fails or times out, or shows them busy with no process)", "verdict": VERDICT_STUCK,
+     "fix": FIX_REBOOT, "source": "local-inference-lab/rtx6kpro#15 (GPUs stay at 100 % after the hang until a "
+     "reboot); vllm-project/vllm#33041, NVIDIA/nccl#1999 (every GPU at 100 %, ~140 W, no progress)"},
+    {"id": "allreduce-control-failed", "state": "the preflight's control all-reduce with NCCL_P2P_DISABLE=1 did not "
+     "pass (hang, error or wrong values)", "verdict": VERDICT_UNKNOWN, "fix": "",
+     "source": "moefleet's preflight: a host whose NCCL fails without P2P has another problem than P2P"},
+    {"id": "allreduce-p2p-hang", "state": "the preflight's all-reduce with P2P did not finish within its timeout (or "
+     "hung on an earlier boot in the same hardware and ACS/IOMMU state) while the control passed",
+     "verdict": VERDICT_SHM, "fix": "the ACS/IOMMU fix of acs-redirect-iommu-translating; " + FIX_SHM,
+     "source": "NVIDIA/nccl#1999, #2079, vllm-project/vllm#33041, rtx6kpro#15: the P2P all-reduce hangs, "
+     "NCCL_P2P_DISABLE=1 works"},
+    {"id": "allreduce-p2p-data-check-failed", "state": "the preflight's all-reduce with P2P finished with wrong "
+     "values", "verdict": VERDICT_SHM, "fix": "the ACS/IOMMU fix of acs-redirect-iommu-translating; " + FIX_SHM,
+     "source": "tinygrad/open-gpu-kernel-modules#18 (peer copies arrive zeroed under a translating IOMMU)"},
+    {"id": "allreduce-p2p-error", "state": "the preflight's all-reduce with P2P failed with an error while the "
+     "control passed", "verdict": VERDICT_SHM, "fix": "the ACS/IOMMU fix of acs-redirect-iommu-translating; "
+     + FIX_SHM, "source": "moefleet's preflight: NCCL fails only when P2P is allowed"},
+    {"id": "allreduce-p2p-slower", "state": "the preflight's all-reduce with P2P passed at below half the control's "
+     "bus bandwidth", "verdict": VERDICT_SHM,
+     "fix": "P2P is slower than going through host memory: check Resizable BAR (BAR1 size) and ACS redirect; "
+     + FIX_SHM, "source": "the share bandwidth-broken uses (aikitoria/open-gpu-kernel-modules#9)"},
+    {"id": "allreduce-p2p-ok", "state": "the preflight's all-reduce with P2P passed its data check at least at half "
+     "the control's bus bandwidth", "verdict": VERDICT_P2P, "fix": "",
+     "source": "a functional test with a data check decides (moefleet's evidence rules, docs/p2p.md)"},
     {"id": "nccl-data-check-failed", "state": "an nccl-tests run over a P2P transport reported wrong values "
      "(Out of bounds values: N FAILED, or a non-zero #wrong)", "verdict": VERDICT_SHM,
      "fix": "the peer copies corrupt data: " + FIX_BIOS_ACS + "; " + FIX_IOMMU + "; " + FIX_SHM,
@@ -472,8 +509,9 @@ def parse_lspci(text: str) -> list[dict[str, Any]]:
         prefetchable = [r for r in dev["regions"] if r["prefetchable"]]
         bar1 = max(prefetchable, key=lambda r: r["bytes"]) if prefetchable else None
         domain, bus = dev["bdf"][:4], int(dev["bdf"][5:7], 16)
-        above = sorted(b["bdf"] for b in bridges if b["bdf"][:4] == domain and b["secondary"] is not None
-                       and b["secondary"] <= bus <= b["subordinate"])
+        above = sorted({b["bdf"] for b in bridges if b["bdf"][:4] == domain and b["secondary"] is not None
+                        and b["secondary"] <= bus <= b["subordinate"]}
+                       | set(tree["devices"].get(dev["bdf"], {}).get("above", ())))
         gpus.append({"bdf": dev["bdf"], "name": dev["name"], "bar1_bytes": bar1["bytes"] if bar1 else None,
                      "bar1_region": bar1["region"] if bar1 else None, "bridges_above": above})
     bridge_rows = [{"bdf": b["bdf"], "name": b["name"], "secondary": b["secondary"],
@@ -516,7 +554,8 @@ def _parse_tree(lines: Sequence[str]) -> dict[str, Any]:
     """An `lspci -t`/`-tv` tree: each device's address, name (with -v) and, for a bridge, its bus range. A device
     belongs to the nearest bracket to its left on its own line or on the open branches above it."""
     devices: dict[str, dict[str, Any]] = {}
-    stack: list[tuple[int, str, int]] = []  # (column of the bracket, domain, bus behind it)
+    # (column of the bracket, domain, bus behind it, the bridge that opens it: None for a root bus)
+    stack: list[tuple[int, str, int, str | None]] = []
     for line in lines:
         # -tv prints a device's name after two spaces; cut it so brackets in names ("[AMD]") are not read.
         structure, name = line, ""
@@ -529,7 +568,7 @@ def _parse_tree(lines: Sequence[str]) -> dict[str, Any]:
             if root and (position == 0 or structure[position - 1] in "-+\\ "):
                 column = position
                 stack = [entry for entry in stack if entry[0] < column]
-                stack.append((column, (root.group("dom") or "0000").lower(), int(root.group("bus"), 16)))
+                stack.append((column, (root.group("dom") or "0000").lower(), int(root.group("bus"), 16), None))
                 position = root.end()
                 continue
             dev = _TREE_DEV.match(structure, position)
@@ -537,14 +576,16 @@ def _parse_tree(lines: Sequence[str]) -> dict[str, Any]:
                 column = position
                 stack = [entry for entry in stack if entry[0] < column]
                 if stack:
-                    _, domain, bus = stack[-1]
+                    _, domain, bus, _ = stack[-1]
                     bdf = f"{domain}:{bus:02x}:{dev.group('dev').lower()}"
                     info = devices.setdefault(bdf, {"name": ""})
+                    # The tree says which bridges a device hangs from even where the bus numbers do not nest.
+                    info["above"] = [entry[3] for entry in stack if entry[3]]
                     if dev.group("sec"):
                         sec = int(dev.group("sec"), 16)
                         info["secondary"] = sec
                         info["subordinate"] = int(dev.group("sub"), 16) if dev.group("sub") else sec
-                        stack.append((column + len(dev.group("dev")) + 1, domain, sec))
+                        stack.append((column + len(dev.group("dev")) + 1, domain, sec, bdf))
                     if named and dev.end("dev") == named.end(1):
                         info["name"] = name
                 position = dev.end()
@@ -857,8 +898,9 @@ def _pairs_in(pairs: Iterable[dict[str, Any]], gpus: set[int] | None) -> list[di
 
 
 def decide(evidence: Sequence[dict[str, Any]], gpus: Iterable[int] | None = None) -> dict[str, Any]:
-    """The NCCL set the evidence supports: a dict with verdict (pcie_p2p, pcie_shm or unknown), reason, fix,
-    missing (what would decide an unknown), rules (ids of RULES that fired, the deciding one first),
+    """The NCCL set the evidence supports: a dict with verdict (pcie_p2p, pcie_shm or unknown; "stuck" only from the
+    preflight's allreduce evidence), reason, fix, missing (what would decide an unknown), rules (ids of RULES that
+    fired, the deciding one first),
     contradictions, notes, and the IOMMU and ACS state it read. `gpus` (nvidia-smi indices) limits the pairs of
     topo -p2p and p2pBandwidthLatencyTest judged; lspci names GPUs by PCI address, so its bridges are judged for
     every GPU it shows."""
@@ -906,6 +948,11 @@ def decide(evidence: Sequence[dict[str, Any]], gpus: Iterable[int] | None = None
 
     if hang_state:
         fired.append("acs-redirect-iommu-translating")
+    runs = by_kind.get("allreduce", [])
+    if runs:
+        decided = _decide_allreduce(runs, hang_state, acs, result, notes, contradictions)
+        if decided is not None:
+            return decided
     if nccl_failed:
         if nccl_ok:
             contradictions.append("one nccl-tests run over P2P passed its data check and another failed it")
@@ -1005,6 +1052,106 @@ def decide(evidence: Sequence[dict[str, Any]], gpus: Iterable[int] | None = None
     else:
         reason = "nothing in it shows the ACS or IOMMU state, or a functional result."
     return result(VERDICT_UNKNOWN, "incomplete", reason, missing=missing)
+
+
+def _run_outcome(run: dict[str, Any]) -> str:
+    if run["result"] == "ok":
+        return "wrong values" if run.get("data_check") is False else "passed"
+    return f"{'hung' if run['result'] == 'hang' else 'failed'}: {run.get('error') or 'no message'}"
+
+
+def _decide_allreduce(runs: Sequence[dict[str, Any]], hang_state: bool, acs: dict[str, Any], result,
+                      notes: list[str], contradictions: list[str]) -> dict[str, Any] | None:
+    """The verdict of the preflight's own all-reduce runs (kind allreduce), or None when they decide nothing (the P2P
+    run skipped): then the pasted and static evidence decides as without them."""
+    p2p_runs = [r for r in runs if r["p2p"] and r["result"] != "skipped"]
+    shm_runs = [r for r in runs if not r["p2p"] and r["result"] != "skipped"]
+    fix_hang = (_rule("acs-redirect-iommu-translating")["fix"] + _bridge_fix(acs)) if hang_state else \
+        f"{FIX_BIOS_ACS}; {FIX_IOMMU}; {FIX_SHM}"
+    where = (f"; the host is in the state of the public hangs (ACS redirect on "
+             f"{', '.join(acs['redirect_bridges']) or 'a bridge'} while the IOMMU translates)") if hang_state else ""
+    stuck = [r for r in runs if r.get("gpus_answer") is False]
+    if stuck:
+        run = stuck[0]
+        ended = "hung" if run["result"] == "hang" else "failed"
+        when = "before any all-reduce ran" if run["result"] == "skipped" else \
+            f"after the {'P2P' if run['p2p'] else 'control'} all-reduce {ended}"
+        return result(VERDICT_STUCK, "gpus-stuck", f"the GPUs do not answer {when} "
+                      f"({run.get('answer') or 'nvidia-smi fails'}){where}.", f"{FIX_REBOOT} {fix_hang}")
+    control_ok = [r for r in shm_runs if r["result"] == "ok" and r.get("data_check")]
+    p2p_ok = [r for r in p2p_runs if r["result"] == "ok" and r.get("data_check")]
+    if shm_runs and not control_ok and not p2p_ok:
+        return result(VERDICT_UNKNOWN, "allreduce-control-failed",
+                      f"the control all-reduce without P2P did not pass either ({_run_outcome(shm_runs[0])}): NCCL or "
+                      "the GPUs fail without P2P too, which no NCCL set fixes.",
+                      missing=["an all-reduce that passes with NCCL_P2P_DISABLE=1: look at the GPUs, the driver and "
+                               "NCCL (nvidia-smi, journalctl -k -b, NCCL_DEBUG=INFO)"])
+    base = control_ok[0].get("busbw_gbps") if control_ok else None
+    control = f"; without P2P it passed at {base:g} GB/s" if base else ""
+    hung = [r for r in p2p_runs if r["result"] == "hang"]
+    if hung:
+        run = hung[0]
+        how = (f"hung on an earlier boot on this hardware in this ACS/IOMMU state ({run['recorded']}) and was not "
+               "run again") if run.get("recorded") else \
+            f"did not finish and was killed ({run.get('error') or 'no progress'})"
+        return result(VERDICT_SHM, "allreduce-p2p-hang", f"the all-reduce over P2P {how}{control}{where}.", fix_hang)
+    wrong = [r for r in p2p_runs if r["result"] == "ok" and r.get("data_check") is False]
+    if wrong:
+        return result(VERDICT_SHM, "allreduce-p2p-data-check-failed",
+                      f"the all-reduce over P2P finished with wrong values: the peer copies corrupt data{control}"
+                      f"{where}.", fix_hang)
+    errors = [r for r in p2p_runs if r["result"] == "error"]
+    if errors:
+        return result(VERDICT_SHM, "allreduce-p2p-error",
+                      f"the all-reduce over P2P failed ({errors[0].get('error') or 'no message'}){control}{where}.",
+                      fix_hang)
+    if not p2p_ok:
+        return None
+    run = p2p_ok[0]
+    bw = run.get("busbw_gbps")
+    if bw is not None and base and bw < BROKEN_SHARE * base:
+        return result(VERDICT_SHM, "allreduce-p2p-slower",
+                      f"the all-reduce over P2P moved {bw:g} GB/s, below half of the {base:g} GB/s it moved without "
+                      "P2P: P2P is broken here, not merely slower.", _rule("allreduce-p2p-slower")["fix"]
+                      + _bridge_fix(acs))
+    if hang_state:
+        contradictions.append("the static state is the one that hung elsewhere (ACS redirect with the IOMMU "
+                              "translating), yet the all-reduce over P2P passed its data check here; the functional "
+                              "test decides")
+    if bw is not None and base and bw < base:
+        notes.append(f"P2P moved {bw:g} GB/s, less than the {base:g} GB/s without P2P (still more than half)")
+    if acs["redirect_on_path"] and not hang_state:
+        notes.append("ACS redirect sends peer traffic through the root complex: "
+                     + _rule("acs-redirect-iommu-not-translating")["fix"] + _bridge_fix(acs))
+    if run.get("transports") and "P2P" not in run["transports"]:
+        notes.append(f"NCCL took {', '.join(run['transports'])} for every ring step although P2P was allowed (its "
+                     "P2P level or the topology): the run shows what serving with this set does, not P2P")
+    return result(VERDICT_P2P, "allreduce-p2p-ok",
+                  f"the all-reduce over P2P passed its data check"
+                  f"{f' at {bw:g} GB/s bus bandwidth' if bw is not None else ''}{control}.")
+
+
+def allreduce_evidence(run: dict[str, Any], p2p: bool, gpus_answer: bool | None = None, answer: str | None = None,
+                       recorded: str | None = None, transports: Sequence[str] | None = None) -> dict[str, Any]:
+    """One run of the preflight's all-reduce (p2p-allreduce-check's JSON line, roles/sglang_service/files) as evidence
+    for decide(), kind allreduce: with P2P allowed or not, its result (ok, hang, error, or skipped), data check, bus
+    bandwidth, whether the GPUs answered after it (False: stuck) and why, a hang recorded on an earlier boot instead
+    of a run, and the NCCL transport families its log showed."""
+    return {"kind": "allreduce", "p2p": p2p, "label": run.get("label"), "result": run.get("result") or "error",
+            "phase": run.get("phase"), "data_check": run.get("data_check"), "busbw_gbps": run.get("busbw_gbps"),
+            "seconds": run.get("seconds"), "error": run.get("error"), "gpus": run.get("gpus"),
+            "gpus_answer": gpus_answer, "answer": answer, "recorded": recorded,
+            "transports": list(transports) if transports else None}
+
+
+def sysfs_iommu_evidence(entries: Sequence[str], where: str = "/sys/class/iommu") -> dict[str, Any]:
+    """/sys/class/iommu as evidence (kind iommu): no entry means the kernel set up no IOMMU (off, whatever its 'Default
+    domain type' line says); entries (ivhd0, dmar0) mean one is on, its mode shown by the command line and messages."""
+    names = sorted(entries)
+    return {"kind": "iommu", "mode": None if names else "off", "translating": None if names else False,
+            "hardware": "on" if names else None, "default_domain": None, "cmdline": None, "params": {},
+            "source": [f"{where} {'lists ' + ', '.join(names[:4]) if names else 'is empty'}"], "faults": [],
+            "nvidia_faults": [], "notes": []}
 
 
 def _bridge_fix(acs: dict[str, Any]) -> str:
@@ -1130,6 +1277,27 @@ def describe(item: dict[str, Any]) -> str:
                          else f"{result['wrong_rows']} with errors"))
         warns = f"; {len(item['warnings'])} WARN line(s)" if item["warnings"] else ""
         return version + transports + tested + warns
+    if kind == "allreduce":
+        what = f"all-reduce {'with P2P' if item['p2p'] else 'without P2P (control)'}"
+        if item["result"] == "skipped":
+            return f"{what}: not run ({item.get('error') or 'skipped'})"
+        if item.get("recorded"):
+            return f"{what}: hung on an earlier boot in this state ({item['recorded']}), not run again"
+        parts = [item["result"]]
+        if item["data_check"] is not None:
+            parts.append("data check " + ("passed" if item["data_check"] else "FAILED"))
+        if item["busbw_gbps"] is not None:
+            parts.append(f"{item['busbw_gbps']:g} GB/s bus bandwidth")
+        if item["seconds"] is not None:
+            parts.append(f"{item['seconds']:g} s")
+        if item["error"]:
+            parts.append(item["error"])
+        if item.get("transports"):
+            parts.append("NCCL via " + ", ".join(item["transports"]))
+        if item.get("gpus_answer") is not None:
+            parts.append("GPUs answer afterwards" if item["gpus_answer"] else
+                         f"GPUs do NOT answer afterwards ({item.get('answer') or 'nvidia-smi fails'})")
+        return f"{what}: " + "; ".join(parts)
     if kind == "p2p_bandwidth":
         if not item["measured"]:
             return f"p2pBandwidthLatencyTest: {len(item['gpus'])} GPUs, access lines only (no bandwidth matrix)"

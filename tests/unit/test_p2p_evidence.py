@@ -372,8 +372,8 @@ def test_every_rule_has_state_verdict_and_source():
     ids = [rule["id"] for rule in p2p.RULES]
     assert len(ids) == len(set(ids))
     for rule in p2p.RULES:
-        assert rule["state"] and rule["source"] and rule["verdict"] in ("pcie_p2p", "pcie_shm", "unknown")
-        if rule["verdict"] == "pcie_shm":
+        assert rule["state"] and rule["source"] and rule["verdict"] in ("pcie_p2p", "pcie_shm", "unknown", "stuck")
+        if rule["verdict"] in ("pcie_shm", "stuck"):
             assert rule["fix"], rule["id"]
 
 
