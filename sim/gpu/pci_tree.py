@@ -1,9 +1,12 @@
 """The lab host's PCI devices as Linux's sysfs shows them (not the kernel's: files a test or the lab writes).
 
-A PCIe server with 8 GPUs (the bus ids sim/gpu/nvidia-smi gives them, read from it, not copied): two root ports,
-one per CPU socket, each with a PCIe switch whose four downstream ports hold four GPUs (GPUs 0-3 on the first
-socket, 4-7 on the second, as `nvidia-smi topo -m` pairs them); an NVMe drive and a NIC each under a root port of
-its own. Each device has what sysfs gives a PCIe function: `vendor`, `device`, `class`, and the link files
+A PCIe server with 8 GPUs (the bus ids sim/gpu/nvidia-smi gives them, read from it, not copied), in one of two
+topologies (TOPOLOGIES): "two-sockets" (the default): two root ports, one per CPU socket, each with a PCIe switch
+whose four downstream ports hold four GPUs (GPUs 0-3 on the first socket, 4-7 on the second); "one-switch": one root
+port on the first socket with one switch whose eight downstream ports hold all eight GPUs. An NVMe drive and a NIC
+each under a root port of its own, in both. `nvidia-smi topo -m` and the lspci stand-in (sim/gpu/pcie_sim.py) read
+the links from this tree.
+Each device has what sysfs gives a PCIe function: `vendor`, `device`, `class`, and the link files
 `current_link_speed`, `current_link_width`, `max_link_speed`, `max_link_width` ("32.0 GT/s PCIe", "16").
 `ROOT/sys/bus/pci/devices/<domain:bus:dev.fn>` is a relative symlink to the device's directory under
 `ROOT/sys/devices/pci<domain>:<bus>/...`, its bridges' directories above it, as in sysfs.
@@ -13,7 +16,8 @@ a real one does (that case is the watcher's unit tests'). `downtrain` is the fau
 pcie-downtrain` writes: the GPU's link, seen from both of its ends (the GPU and the switch port above it), trained
 slower and narrower.
 
-    python3 pci_tree.py ROOT [BUS ...]              write the tree under ROOT (BUS: the GPUs' pci.bus_id, in order)
+    python3 pci_tree.py ROOT [--topology T] [BUS ...]   write the tree under ROOT (BUS: the GPUs' pci.bus_id, in
+                                                        order; T: two-sockets or one-switch), replacing any tree
     python3 pci_tree.py ROOT --downtrain BUS SPEED WIDTH   the link of the GPU at BUS trained at SPEED GT/s, xWIDTH
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -33,6 +38,7 @@ SWITCH_DOWN = SWITCH_UP
 ROOT_PORT = ("0x1022", "0x14ab", "0x060400")  # AMD root port: a PCI bridge
 NVME = ("0x144d", "0xa80c", "0x010802")  # NVMe controller
 NIC = ("0x15b3", "0x1021", "0x020000")  # ConnectX-7, Ethernet controller
+TOPOLOGIES = ("two-sockets", "one-switch")
 
 
 def gpu_bus_ids() -> list[str]:
@@ -51,25 +57,40 @@ def sysfs_address(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-def layout(bus_ids: list[str]) -> list[tuple[list[str], tuple[str, str, str], str, int]]:
+# One device of the tree: its path of addresses from the root port down, (vendor, device, class), speed, width.
+Entry = tuple[list[str], tuple[str, str, str], str, int]
+
+
+def layout(bus_ids: list[str], topology: str = "two-sockets") -> list[Entry]:
     """Every device: (its path of addresses from the root port down, (vendor, device, class), speed, width)."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}: give one of {', '.join(TOPOLOGIES)}")
     gpus = [sysfs_address(b) for b in bus_ids]
+    if topology == "one-switch":
+        switches = [("0000:00:01.1", "0000:10:00.0", [f"0000:11:{d:02x}.0" for d in range(0, 64, 8)], gpus)]
+    else:
+        switches = [("0000:00:01.1", "0000:10:00.0", [f"0000:11:{d:02x}.0" for d in (0, 8, 16, 24)], gpus[:4]),
+                    ("0000:80:01.1", "0000:90:00.0", [f"0000:91:{d:02x}.0" for d in (0, 8, 16, 24)], gpus[4:8])]
     out = []
-    for socket, (root_port, up, downs) in enumerate((
-            ("0000:00:01.1", "0000:10:00.0", [f"0000:11:{d:02x}.0" for d in (0, 8, 16, 24)]),
-            ("0000:80:01.1", "0000:90:00.0", [f"0000:91:{d:02x}.0" for d in (0, 8, 16, 24)]))):
+    for root_port, up, downs, below in switches:
         out += [([root_port], ROOT_PORT, GEN5, 16), ([root_port, up], SWITCH_UP, GEN5, 16)]
-        for down, gpu in zip(downs, gpus[socket * 4:socket * 4 + 4], strict=False):
+        for down, gpu in zip(downs, below, strict=False):
             out += [([root_port, up, down], SWITCH_DOWN, GEN5, 16), ([root_port, up, down, gpu], GPU, GEN5, 16)]
     out += [(["0000:00:03.1"], ROOT_PORT, GEN4, 4), (["0000:00:03.1", "0000:05:00.0"], NVME, GEN4, 4),
             (["0000:80:03.1"], ROOT_PORT, GEN5, 16), (["0000:80:03.1", "0000:85:00.0"], NIC, GEN5, 16)]
     return out
 
 
-def write(root: str, bus_ids: list[str]) -> None:
+def write(root: str, bus_ids: list[str], topology: str = "two-sockets") -> None:
+    """The tree under ROOT/sys, replacing the one there (a topology changed by `sim/lab/lab.py p2p` leaves no device
+    of the old one behind)."""
+    entries = layout(bus_ids, topology)
+    for old in (Path(root, "sys", "bus", "pci", "devices"), *Path(root, "sys", "devices").glob("pci[0-9a-f]*:*")):
+        if old.is_dir():
+            shutil.rmtree(old)
     devices = Path(root, "sys", "bus", "pci", "devices")
     devices.mkdir(parents=True, exist_ok=True)
-    for chain, (vendor, device, klass), speed, width in layout(bus_ids):
+    for chain, (vendor, device, klass), speed, width in entries:
         host_bridge = f"pci{chain[0][:7]}"  # pci0000:00
         directory = Path(root, "sys", "devices", host_bridge, *chain)
         directory.mkdir(parents=True, exist_ok=True)
@@ -99,6 +120,8 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) == 5 and args[1] == "--downtrain":
         print("\n".join(downtrain(args[0], args[2], f"{float(args[3]):.1f} GT/s PCIe", int(args[4]))))
+    elif len(args) >= 3 and args[1] == "--topology":
+        write(args[0], args[3:] or gpu_bus_ids(), args[2])
     elif args:
         write(args[0], args[1:] or gpu_bus_ids())
     else:

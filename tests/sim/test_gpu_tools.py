@@ -35,7 +35,8 @@ def test_list_topo_table_and_errors(lab):
     lines = lab.smi("-L").stdout.splitlines()
     assert len(lines) == 8 and lines[0].startswith("GPU 0: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-")
     topo = lab.smi("topo", "-m").stdout
-    assert "NV" not in topo.split("Legend")[0] and "NODE" in topo and "SYS" in topo
+    # The default tree (sim/gpu/pci_tree.py): a PCIe switch per socket, so PIX within a socket and SYS across.
+    assert "NV" not in topo.split("Legend")[0] and "PIX" in topo and "SYS" in topo
     table = lab.smi().stdout
     assert "Driver Version: 580.95.05" in table and "CUDA Version: 13.0" in table
     assert "0MiB /  97887MiB" in table and "No running processes found" in table
