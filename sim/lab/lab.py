@@ -25,6 +25,16 @@
     lab.py fault HOST pcie-downtrain [--gpu N]
                                        GPU N's PCIe link trains at 16 GT/s x8 instead of 32 GT/s x16 (its simulated
                                        sysfs, LAB_SYSFS); hardware: it stays after a reboot, until the next `up`
+    lab.py p2p HOST [--topology two-sockets|one-switch] [--acs off|srcvalid|redirect] [--acs-bridge BDF=MODE ...]
+                    [--iommu translated|passthrough|off] [--bar1 SIZE] [--after-hang recover|busy|unresponsive]
+                    [--reset] [--reboot]
+                                       HOST's PCIe peer-to-peer state (sim/gpu/pcie_sim.py): its PCI tree's topology,
+                                       ACS control per bridge, the IOMMU mode (kernel command line, /sys/class/iommu,
+                                       the kernel's messages), BAR1, and whether a hung P2P all-reduce leaves the GPUs
+                                       stuck until a reboot; what is not given stays. It holds across reboots, until
+                                       the next `up` (which restores the healthy default). The kernel's messages of the
+                                       new state go to the journal at once, as if HOST had booted so; --reboot reboots
+                                       it instead (a journal of that boot alone)
     lab.py down [--name L | --all]     remove lab L's hosts (--all: every host, the mirror, the network)
     lab.py status                      list the lab's containers and addresses
     lab.py ssh-config [--inventory P]  print the path of the ssh_config written for that inventory's hosts
@@ -410,6 +420,31 @@ LAB_TIME_SCALE = "0.25"
 LAB_SYSFS_ROOT = "/etc/sim-gpu"
 LAB_SYSFS = f"{LAB_SYSFS_ROOT}/sys/bus/pci/devices"
 PCI_TREE_SOURCE = (Path(__file__).resolve().parents[1] / "gpu" / "pci_tree.py").read_text()
+# The lab's PCIe model and the tools that read it (sim/gpu): the lspci stand-in (linked as /usr/bin/lspci, standing in
+# for the base system's pciutils), the nvidia-smi stand-in's topology (it looks here), and the stand-in backend of the
+# P2P preflight's all-reduce check (the lab's SGLang venv has no torch). Copied at every `up`.
+SIM_LIB = "/usr/local/lib/moefleet-sim"
+SIM_LIB_FILES = ("pci_tree.py", "pcie_sim.py", "p2p_backend.py", "lspci")
+# What a lab host's boot gives it that a container's does not: a boot id of its own (a container shares the machine's
+# /proc/sys/kernel/random/boot_id across its restarts; the P2P preflight's cache is keyed by the boot, so the lab
+# inventory points it here) and its kernel's IOMMU messages for the P2P state it booted in (pcie_sim.py writes them to
+# /etc/sim-gpu/kernel-boot.log), written to the journal under the identifier "kernel" by root, as the fault watcher and
+# the preflight trust them.
+LAB_BOOT_ID = "/run/sim-gpu/boot_id"
+LAB_BOOT_UNIT = f"""[Unit]
+Description=The simulated host's boot id and kernel IOMMU messages (moefleet simulated lab)
+After=systemd-journald.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'mkdir -p /run/sim-gpu && cat /proc/sys/kernel/random/uuid > {LAB_BOOT_ID} && \
+  if [ -f {LAB_SYSFS_ROOT}/kernel-boot.log ]; then systemd-cat -t kernel -p info < {LAB_SYSFS_ROOT}/kernel-boot.log; fi'
+
+[Install]
+WantedBy=multi-user.target
+"""
+WRITE_FILE = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
 
 
 def prepare_host(name: str) -> None:
@@ -424,8 +459,41 @@ def prepare_host(name: str) -> None:
               f"printf '%s' '{SHARED_ROOT_UNIT}' > {unit} && "
               f"ln -sf {unit} /etc/systemd/system/sysinit.target.wants/ && mount --make-rshared /")
     podman("exec", name, "sh", "-c", script)
-    # The PCI devices' sysfs (sim/gpu/pci_tree.py), written again at each `up`: a downtrained link is repaired there.
-    podman("exec", name, "python3", "-c", PCI_TREE_SOURCE, LAB_SYSFS_ROOT, *pci_tree.gpu_bus_ids())
+    install_sim_tools(name)
+    # The PCI devices' sysfs (sim/gpu/pci_tree.py) and the P2P state (sim/gpu/pcie_sim.py), written again at each `up`:
+    # a downtrained link is repaired there, and the P2P state is the healthy default (two sockets, ACS off, IOMMU
+    # translated). The boot unit then gives this boot its id and the kernel's IOMMU lines.
+    podman("exec", name, "python3", f"{SIM_LIB}/pcie_sim.py", "set", LAB_SYSFS_ROOT, "--reset",
+           "--bus-ids", ",".join(pci_tree.gpu_bus_ids()))
+    podman("exec", name, "systemctl", "restart", "moefleet-lab-boot.service")
+
+
+def install_sim_tools(name: str) -> None:
+    """The lab's PCIe model and its tools (SIM_LIB_FILES) into SIM_LIB, lspci linked as /usr/bin/lspci, and the boot
+    unit (LAB_BOOT_UNIT), enabled."""
+    podman("exec", name, "mkdir", "-p", SIM_LIB)
+    for file in SIM_LIB_FILES:
+        podman("cp", str(Path(__file__).resolve().parents[1] / "gpu" / file), f"{name}:{SIM_LIB}/{file}")
+    unit = "/etc/systemd/system/moefleet-lab-boot.service"
+    podman("exec", name, "python3", "-c", WRITE_FILE, unit, LAB_BOOT_UNIT)
+    podman("exec", name, "sh", "-c", f"chmod 0755 {SIM_LIB}/lspci && ln -sf {SIM_LIB}/lspci /usr/bin/lspci && "
+           f"ln -sf {unit} /etc/systemd/system/multi-user.target.wants/ && systemctl daemon-reload")
+
+
+def set_p2p(host: str, options: list[str], reboot_after: bool = False) -> None:
+    """Test equipment: HOST's PCIe peer-to-peer state (sim/gpu/pcie_sim.py set, OPTIONS as `lab.py p2p` takes them).
+    Its kernel's messages go to the journal now, as if HOST had booted in that state, or HOST reboots."""
+    name = host if host.startswith(f"{PREFIX}-") else f"{PREFIX}-{host}"
+    if name not in lab_containers():
+        raise SystemExit(f"lab: no lab host {host}; `lab.py status` lists them")
+    done = podman("exec", name, "python3", f"{SIM_LIB}/pcie_sim.py", "set", LAB_SYSFS_ROOT, *options, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"lab: {host}'s P2P state was not changed: {(done.stderr or done.stdout).strip()}")
+    if reboot_after:
+        reboot(host)
+    else:
+        podman("exec", name, "sh", "-c", f"systemd-cat -t kernel -p info < {LAB_SYSFS_ROOT}/kernel-boot.log")
+    log(f"P2P state of {host}: {done.stdout.strip()}")
 
 
 def reboot(host: str, timeout: float = 120) -> None:
@@ -528,6 +596,18 @@ def inject_fault(host: str, fault: str, gpu: int = 0) -> None:
         raise SystemExit(f"lab: unknown fault {fault!r} ({', '.join(FAULTS)})")
     log(f"injected {fault} on {host}" + (f" (GPU {gpu})" if fault in ("xid79", "xid79-lines", "pcie-downtrain")
                                          else ""))
+
+
+def p2p_options(args: argparse.Namespace) -> list[str]:
+    """`lab.py p2p`'s options as pcie_sim.py set takes them."""
+    options = ["--reset"] if args.reset else []
+    for flag in ("topology", "acs", "iommu", "bar1", "after_hang"):
+        value = getattr(args, flag)
+        if value is not None:
+            options += [f"--{flag.replace('_', '-')}", value]
+    for item in args.acs_bridge:
+        options += ["--acs-bridge", item]
+    return options
 
 
 def ensure_mirror(tag: str) -> str:
@@ -826,6 +906,20 @@ def main() -> None:
     fault_p.add_argument("fault", choices=FAULTS)
     fault_p.add_argument("--gpu", type=int, default=0,
                          help="the GPU that falls off the bus (xid79) or whose link trains slower (pcie-downtrain)")
+    p2p_p = sub.add_parser("p2p", help="set a lab host's PCIe peer-to-peer state (topology, ACS, IOMMU)")
+    p2p_p.add_argument("host", help="the host's inventory name, e.g. lab-1")
+    p2p_p.add_argument("--topology", choices=pci_tree.TOPOLOGIES)
+    p2p_p.add_argument("--acs", choices=("off", "srcvalid", "redirect"),
+                       help="ACS control of every root port and switch downstream port")
+    p2p_p.add_argument("--acs-bridge", action="append", default=[], metavar="BDF=MODE",
+                       help="one bridge's ACS control (over --acs), e.g. 0000:11:00.0=redirect")
+    p2p_p.add_argument("--iommu", choices=("translated", "passthrough", "off"))
+    p2p_p.add_argument("--bar1", help="the GPUs' BAR1 size as lspci prints it: 128G, or 256M (Resizable BAR off)")
+    p2p_p.add_argument("--after-hang", choices=("recover", "busy", "unresponsive"),
+                       help="what a hung P2P all-reduce leaves: nothing, GPUs busy at ~140 W, or GPUs nvidia-smi "
+                            "cannot open (until a reboot)")
+    p2p_p.add_argument("--reset", action="store_true", help="start from the healthy default")
+    p2p_p.add_argument("--reboot", action="store_true", help="reboot the host after setting the state")
     sub.add_parser("status")
     ssh_p = sub.add_parser("ssh-config", help="print the path of the ssh_config for an inventory's hosts")
     ssh_p.add_argument("--inventory", type=Path, default=INVENTORY)
@@ -848,6 +942,8 @@ def main() -> None:
         reboot(args.host)
     elif args.cmd == "fault":
         inject_fault(args.host, args.fault, args.gpu)
+    elif args.cmd == "p2p":
+        set_p2p(args.host, p2p_options(args), args.reboot)
     else:
         status()
 
