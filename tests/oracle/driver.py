@@ -21,12 +21,14 @@ lines as come, each answered on a line of its own):
 
 - ``{"op": "chat", "request": {...}, "text": raw, "finish_reason": {...}, "reasoning_parser": name or null,
   "tool_call_parser": name or null}``: what ``serving_chat`` makes of a model's raw ``text`` for the chat ``request``
-  (validated as SGLang's ``ChatCompletionRequest``), non-streaming: its reasoning parser (``ReasoningParser``), then
-  its tool-call processing (``_process_tool_calls``, ``_process_tool_call_id``, ``_get_history_tool_calls_cnt`` and
-  ``_get_reasoning_from_request``, taken from ``serving_chat.py``'s source, since importing that module needs
-  fastapi). Answer: ``{"message": {"content", "reasoning_content", "tool_calls"}, "finish_reason": type}``.
+  (validated as SGLang's ``ChatCompletionRequest``), non-streaming: the release's own
+  ``OpenAIServingChat._build_chat_response``, compiled from its ``serving_chat.py`` (importing that module needs
+  fastapi, which the oracle venv does not install), run for a server started with those parsers. Answer:
+  ``{"message": {"content", "reasoning_content", "tool_calls"}, "finish_reason": type}``, the message's fields as
+  that release sets them (0.5.23: ``content`` ``""`` where 0.5.10 has null).
 
-- ``{"op": "metric_families"}``: every Prometheus family SGLang's collectors define (metrics_driver.py):
+- ``{"op": "metric_families", "model_config": {...}}``: every Prometheus family SGLang's collectors define
+  (metrics_driver.py; the model config resolves the server arguments 0.5.23's collectors read):
   ``{"ok": true, "families": {name: {"type", "help", "labels", "buckets", "multiprocess_mode", "source",
   "default"}}}``, named as the text format's ``# TYPE`` line names them (a counter with ``_total``).
 - ``{"op": "metrics", "argv": [...], "model_config": {...}, "requests": [{"prompt_tokens", "completion_tokens",
@@ -40,11 +42,12 @@ lines as come, each answered on a line of its own):
   Answer: ``{"ok": true, "families": {name: {"type", "help", "samples"}}}`` or ``{"ok": false, "error"}``.
 
 Only GPU probing is replaced (``gpu.py``), and for the metrics ops the module that needs CUDA kernels
-(metrics_driver.py says which): nothing else of SGLang is touched. The chat and metrics ops were written against
-0.5.10's modules.
+(metrics_driver.py says which): nothing else of SGLang is touched. The metrics op (not metric_families) reproduces
+0.5.10's process layout and collectors only.
 """
 
 from __future__ import annotations
+import __future__
 
 import argparse
 import contextlib
@@ -204,57 +207,91 @@ def arguments() -> dict:
     return out
 
 
-SERVING_CHAT_METHODS = ("_process_tool_calls", "_process_tool_call_id", "_get_history_tool_calls_cnt",
-                        "_get_reasoning_from_request")
+class _Absent:
+    """A name serving_chat.py imports from a module the oracle venv cannot import (fastapi, jsonschema, ...): the
+    response path does not use it; anything that does fails, naming it."""
+
+    def __init__(self, name: str, why: str):
+        self._name, self._why = name, why
+
+    def __getattr__(self, attr):
+        raise RuntimeError(f"driver.py: {self._name} is not importable in the oracle venv ({self._why})")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"driver.py: {self._name} is not importable in the oracle venv ({self._why})")
 
 
 @functools.cache
-def _serving_chat() -> dict:
-    """serving_chat.OpenAIServingChat's methods above, compiled from the wheel's source into a namespace that holds
-    what they use (the module itself imports fastapi, which the oracle venv does not install)."""
+def _serving_chat() -> type:
+    """The release's own ``OpenAIServingChat``, compiled from its serving_chat.py: the module's top level run
+    statement by statement (an import the oracle venv cannot satisfy, fastapi above all, leaves its names as
+    ``_Absent``), then the class without its base (``OpenAIServingBase``, which needs fastapi). Its
+    ``_build_chat_response`` is then the release's whole non-streaming answer: reasoning parser, tool-call parser,
+    ids, finish reason and the message as that release builds it."""
     import ast
     import importlib.util
-    import uuid
-
-    import orjson
-    from sglang.srt.entrypoints.openai import protocol
-    from sglang.srt.function_call.core_types import ToolCallItem
-    from sglang.srt.function_call.function_call_parser import FunctionCallParser
 
     path = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt" / "entrypoints" / \
         "openai" / "serving_chat.py"
     tree = ast.parse(path.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "OpenAIServingChat")
-    methods = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in SERVING_CHAT_METHODS]
-    namespace = {**vars(protocol), "ToolCallItem": ToolCallItem, "FunctionCallParser": FunctionCallParser,
-                 "orjson": orjson, "json": json, "uuid": uuid, "logger": logging.getLogger("serving_chat")}
-    exec(compile(ast.Module(body=methods, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
-    return {name: namespace[name] for name in SERVING_CHAT_METHODS}
+    namespace: dict = {"__name__": "sglang.srt.entrypoints.openai.serving_chat"}
+
+    def run(node):
+        code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec",
+                       flags=__future__.annotations.compiler_flag, dont_inherit=True)
+        exec(code, namespace)  # noqa: S102 - SGLang's own code
+
+    cls = None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "OpenAIServingChat":
+            cls = node
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            try:
+                run(node)
+            except Exception as exc:  # noqa: BLE001 - left absent, see _Absent
+                for alias in node.names:
+                    name = alias.asname or alias.name.split(".")[0]
+                    namespace[name] = _Absent(name, f"{type(exc).__name__}: {exc}")
+        else:
+            run(node)
+    cls.bases, cls.keywords = [], []
+    run(cls)
+    return namespace["OpenAIServingChat"]
 
 
 def chat(request: dict) -> dict:
+    """``_build_chat_response`` of the release's OpenAIServingChat on the raw text, for a server started with the
+    request's parsers. Its template manager forces no reasoning (as K2.6's does not) and detected no reasoning toggle
+    (0.5.23's ``reasoning_config`` None: that release then takes the kimi_k2 parser's own default, thinking unless
+    ``chat_template_kwargs`` says ``thinking: false``, which is 0.5.10's rule too)."""
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
     from sglang.srt.parser.reasoning_parser import ReasoningParser
 
-    methods = _serving_chat()
-    self = types.SimpleNamespace(reasoning_parser=request.get("reasoning_parser"),
-                                 tool_call_parser=request.get("tool_call_parser"))
+    chat_class = _serving_chat()
+    namespace = chat_class._build_chat_response.__globals__
+    if "get_serving" in namespace:  # 0.5.23 on: the serving config a server started with its defaults publishes
+        serving = types.SimpleNamespace(enable_cache_report=False, return_input_ids=False, return_output_ids=False,
+                                        incremental_streaming_output=False)
+        namespace["get_serving"] = lambda: serving
+    self = object.__new__(chat_class)  # what __init__ sets that the response path reads
+    self.reasoning_parser = request.get("reasoning_parser")
+    self.tool_call_parser = request.get("tool_call_parser")
+    self.template_manager = types.SimpleNamespace(force_reasoning=False, reasoning_config=None)
+    self.tokenizer_manager = types.SimpleNamespace(tokenizer=None,
+                                                   server_args=types.SimpleNamespace(enable_cache_report=False))
+    self.chat_encoding_spec, self._encoding_adapter, self._reasoning_detector = None, None, None
+    if self.reasoning_parser:  # 0.5.23's __init__ keeps the parser's detector (its reasoning_default)
+        self._reasoning_detector = ReasoningParser(model_type=self.reasoning_parser, stream_reasoning=True).detector
     req = ChatCompletionRequest(**request["request"])
-    text, finish = request["text"], dict(request["finish_reason"])
-    reasoning = None
-    # _build_chat_response: the reasoning first (the template's own forcing is not modelled: K2.6's is off)
-    if self.reasoning_parser and req.separate_reasoning:
-        forced = methods["_get_reasoning_from_request"](self, req)
-        parser = ReasoningParser(model_type=self.reasoning_parser, stream_reasoning=False, force_reasoning=forced)
-        reasoning, text = parser.parse_non_stream(text)
-    calls = None
-    if req.tool_choice != "none" and req.tools and self.tool_call_parser:
-        history = methods["_get_history_tool_calls_cnt"](self, req)
-        self._process_tool_call_id = lambda item, count: methods["_process_tool_call_id"](self, item, count)
-        calls, text, finish = methods["_process_tool_calls"](self, text, req.tools, finish, req.tool_choice, history)
-    return {"message": {"content": text or None, "reasoning_content": reasoning or None,
-                        "tool_calls": [c.model_dump() for c in calls] if calls else None},
-            "finish_reason": finish["type"]}
+    ret = [{"text": request["text"], "output_ids": [], "meta_info": {
+        "id": "chatcmpl-oracle", "finish_reason": dict(request["finish_reason"]), "prompt_tokens": 1,
+        "completion_tokens": 1, "weight_version": "default"}}]
+    response = self._build_chat_response(req, ret, 0)
+    choice = response.choices[0]
+    message = choice.message
+    calls = None if message.tool_calls is None else [c.model_dump() for c in message.tool_calls]
+    return {"message": {"content": message.content, "reasoning_content": message.reasoning_content,
+                        "tool_calls": calls}, "finish_reason": choice.finish_reason}
 
 
 def answer(request: dict) -> dict:

@@ -42,10 +42,11 @@ IMPORT_CHAIN = [
     "prometheus-client",
 ]
 # What a release's import chain needs beyond IMPORT_CHAIN, found the same way. 0.5.23 builds ServerArgs with
-# msgspec (arg_groups/), its resolution imports apache-tvm-ffi, and its transformers pin (5.19.0) needs the
-# tokenizers it pins (0.23.2) rather than the one transformers would pick.
+# msgspec (arg_groups/), its resolution imports apache-tvm-ffi, its transformers pin (5.19.0) needs the
+# tokenizers it pins (0.23.2) rather than the one transformers would pick, and its tool-call parsers
+# (function_call_parser.py, which imports every detector; the chat op) import xgrammar.
 IMPORT_CHAIN_ADDED = {
-    "0.5.23": ["msgspec", "apache-tvm-ffi", "tokenizers"],
+    "0.5.23": ["msgspec", "apache-tvm-ffi", "tokenizers", "xgrammar"],
 }
 STAMP = ".oracle-ready"
 

@@ -59,3 +59,26 @@ def test_a_server_that_starts_and_answers_wrongly_is_caught_by_the_first_check(l
     assert json.loads(info)["reasoning_parser"] == "kimi_k2"
     check, problem, _ = gate(srv)[0]
     assert check == "thinking" and sentence in problem, problem
+
+
+def test_as_0_5_23_every_check_passes_and_the_answers_are_that_releases(lab):
+    """0.5.23's serving_chat (tests/oracle/test_chat_parsers.py holds it against that wheel): a tool call's content
+    is "" rather than null, and a call after earlier ones is numbered by its place in the answer."""
+    srv = lab.start(*TP8, *PARSERS, release="0.5.23")
+    srv.wait_ready()
+    results = gate(srv)
+    assert [(c, p) for c, p, _ in results] == [(c, None) for c in answer_check.CHECKS]
+    tool_call = next(a for c, _, a in results if c == "tool_call")["choices"][0]
+    assert tool_call["message"]["content"] == "" and tool_call["finish_reason"] == "tool_calls"
+    assert tool_call["message"]["tool_calls"][0]["id"] == "functions.get-weather:0"
+    body = {"model": "kimi-k2.6", "max_tokens": 1024, "tools": [answer_check.TOOL],
+            "chat_template_kwargs": {"thinking": False}, "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "functions.get-weather:0", "type": "function",
+                                                                "function": {"name": "get-weather",
+                                                                             "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "functions.get-weather:0", "content": "sunny"},
+        {"role": "user", "content": "And tomorrow?"}]}
+    status, answer, _ = answer_check.ask(srv.url(""), body, None, 30)
+    (call,) = answer["choices"][0]["message"]["tool_calls"]
+    assert status == 200 and (call["id"], call["index"]) == ("functions.get-weather:1", 0)  # 0.5.10: :2, index 1

@@ -6,9 +6,21 @@ the request sends ``chat_template_kwargs: {"thinking": false}``), then the answe
 <|tool_calls_section_end|>`` when the request offers tools. ``message`` is serving_chat's non-streaming answer: with
 ``--reasoning-parser kimi_k2`` the thinking is split into ``reasoning_content`` (forced unless the request turns
 thinking off: a text without ``</think>`` is all reasoning), with ``--tool-call-parser kimi_k2`` and tools in the
-request the section becomes ``tool_calls`` (id ``functions.NAME:N``, N = earlier calls in the conversation + IDX) and
-``finish_reason`` ``stop`` becomes ``tool_calls``. Without a parser the tokens stay in ``content``, as a server
-started without them answers. tests/oracle runs SGLang 0.5.10's own parsers on ``raw`` and compares.
+request the section becomes ``tool_calls`` and ``finish_reason`` ``stop`` becomes ``tool_calls``. Without a parser
+the tokens stay in ``content``, as a server started without them answers.
+
+Where the release's code differs, ``message`` follows the release (_sim/release.py):
+
+- 0.5.10: a call's ``index`` is the number the model wrote (IDX) and its id ``functions.NAME:N`` with N = earlier
+  calls in the conversation + IDX (the model counts the conversation's calls itself, so the earlier ones count
+  twice); ``finish_reason`` becomes ``tool_calls`` once the section begins, and a section without a call it can read
+  stays in ``content``, raw, with an empty ``tool_calls``; the reasoning and the text after ``</think>`` are
+  stripped of surrounding whitespace; an empty ``content`` is null.
+- 0.5.23: ``index`` is the call's position in the answer and N = earlier calls + that position (the model's IDX is
+  ignored); without a call it can read the answer is no tool call (``finish_reason`` stays, ``tool_calls`` null)
+  and the text before the section is the content; whitespace is kept; an empty ``content`` is ``""``.
+
+tests/oracle/test_chat_parsers.py runs each release's own ``_build_chat_response`` on ``raw`` and compares.
 
 The simulated model answers a sum it is asked (``What is 17 + 25?``) with the number, so a known-answer check can
 tell it from a broken one; the ``garbage`` fault makes every answer a run of ``!`` (what NaN logits decode to).
@@ -21,6 +33,8 @@ import json
 import math
 import random
 import re
+
+from . import release as R
 
 KIMI, DEEPSEEK = "kimi_k2", "deepseekv3"  # the model families the simulator writes for (family())
 THINK_START, THINK_END = "<think>", "</think>"
@@ -145,54 +159,70 @@ def raw(body: dict, words: list[str], finish: str, text_of, garbage: bool = Fals
 
 
 def message(text: str, body: dict, finish: str, reasoning_parser: str | None,
-            tool_call_parser: str | None) -> tuple[dict, str]:
-    """serving_chat's non-streaming message for the raw ``text``, and the finish reason."""
+            tool_call_parser: str | None, release: str | None = None) -> tuple[dict, str]:
+    """serving_chat's non-streaming message for the raw ``text``, and the finish reason, as SGLang ``release``
+    (default: the release the simulator is) builds them."""
+    old = (release or R.current()) == "0.5.10"
     reasoning = None
     if reasoning_parser == "kimi_k2" and body.get("separate_reasoning", True):
         forced = not body.get("chat_template_kwargs") or thinking_on(body)
-        reasoning, text = _split_reasoning(text, forced)
+        reasoning, text = _split_reasoning(text, forced, strip=old)
     calls = None
     if tool_call_parser == DEEPSEEK and body.get("tools") and body.get("tool_choice") != "none" \
             and DS_CALLS_BEGIN in text:
-        return _deepseek_calls(text, body, finish)
-    if tool_call_parser == "kimi_k2" and body.get("tools") and body.get("tool_choice") != "none" \
+        text, calls, finish = _deepseek_calls(text, body, finish, old)
+    elif tool_call_parser == "kimi_k2" and body.get("tools") and body.get("tool_choice") != "none" \
             and SECTION_BEGIN in text:
-        if finish == "stop":
-            finish = "tool_calls"
         found = []
         for call_id, args in _CALL.findall(text):
             m = _CALL_ID.match(call_id)
             if m:
                 found.append((m.group(1), int(m.group(2)), args))
-        if found:
-            earlier = _earlier_calls(body)
-            calls = [{"id": f"functions.{name}:{earlier + idx}", "index": idx, "type": "function",
-                      "function": {"name": name, "arguments": args}} for name, idx, args in found]
+        earlier = _earlier_calls(body)
+        # 0.5.10 numbers a call by the model's own count, 0.5.23 by its position in this answer
+        numbered = [(idx if old else position, name, args) for position, (name, idx, args) in enumerate(found)]
+        calls = [{"id": f"functions.{name}:{earlier + n}", "index": n, "type": "function",
+                  "function": {"name": name, "arguments": args}} for n, name, args in numbered]
+        if calls:
             text = text[:text.find(SECTION_BEGIN)]
-    return {"role": "assistant", "content": text or None, "reasoning_content": reasoning or None,
+            finish = "tool_calls" if finish == "stop" else finish
+        elif old:  # 0.5.10: the section still makes it a tool call, and the raw text stays the content
+            finish = "tool_calls" if finish == "stop" else finish
+        else:  # 0.5.23: no tool call; the text before the section is the content
+            calls, text = None, text[:text.find(SECTION_BEGIN)]
+    return {"role": "assistant", "content": text or (None if old else ""), "reasoning_content": reasoning or None,
             "tool_calls": calls}, finish
 
 
-def _split_reasoning(text: str, forced: bool) -> tuple[str | None, str]:
+def _split_reasoning(text: str, forced: bool, strip: bool) -> tuple[str | None, str]:
+    """The kimi_k2 ReasoningParser's detect_and_parse: 0.5.10 drops every ``<think>`` and strips the parts
+    (``strip``), 0.5.23 drops only the leading ones and keeps the whitespace."""
     if not forced and THINK_START not in text:
         return None, text
-    body = text.replace(THINK_START, "").strip()
+    if strip:
+        body = text.replace(THINK_START, "").strip()
+    else:
+        body = text
+        while body.startswith(THINK_START):
+            body = body[len(THINK_START):]
+    tidy = str.strip if strip else str
     if THINK_END not in body:
         if SECTION_BEGIN in body:  # a tool section ends the thinking without </think>
             at = body.find(SECTION_BEGIN)
-            return body[:at].strip(), body[at:]
+            return tidy(body[:at]), body[at:]
         return body, ""  # cut before </think>: all of it is reasoning
     reasoning, _, rest = body.partition(THINK_END)
-    return reasoning, rest.strip()
+    return reasoning, tidy(rest)
 
 
-def _deepseek_calls(text: str, body: dict, finish: str) -> tuple[dict, str]:
-    """serving_chat with --tool-call-parser deepseekv3: the text before the section is the content, each call's JSON
-    re-written (json.dumps), calls to tools the request does not offer dropped, ids call_<24 hex> (random)."""
+def _deepseek_calls(text: str, body: dict, finish: str, old: bool) -> tuple[str, list | None, str]:
+    """serving_chat with --tool-call-parser deepseekv3: (content, calls, finish reason). The text before the section
+    is the content, each call's JSON re-written (json.dumps), calls to tools the request does not offer dropped, ids
+    call_<24 hex> (random); a call's index is its tool's place in the request (0.5.10) or the call's in the answer
+    (0.5.23). Without a call read (unknown tools, text the detector cannot read), 0.5.10 answers the whole text and
+    an empty list, 0.5.23 the detector's text and no calls."""
     import uuid
 
-    if finish == "stop":
-        finish = "tool_calls"
     offered = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
     content = text[:text.find(DS_CALLS_BEGIN)].strip()
     calls = []
@@ -201,10 +231,13 @@ def _deepseek_calls(text: str, body: dict, finish: str) -> tuple[dict, str]:
             detail = _DS_DETAIL.search(match)
             name, arguments = detail.group(2), json.loads(detail.group(3))
             if name in offered:
-                calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "index": offered.index(name), "type": "function",
+                calls.append({"id": f"call_{uuid.uuid4().hex[:24]}",
+                              "index": offered.index(name) if old else len(calls), "type": "function",
                               "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
     except (AttributeError, ValueError):  # the detector gives the whole text back as content
-        return {"role": "assistant", "content": text or None, "reasoning_content": None, "tool_calls": None}, finish
-    return {"role": "assistant", "content": content or None, "reasoning_content": None, "tool_calls": calls or None}, \
-        finish
-
+        content, calls = text, []
+    if calls:
+        return content, calls, "tool_calls" if finish == "stop" else finish
+    if old:  # 0.5.10: the section still makes it a tool call, and the raw text stays the content
+        return text, [], "tool_calls" if finish == "stop" else finish
+    return content, None, finish  # 0.5.23: no tool call
