@@ -1,12 +1,12 @@
 """SGLang's Prometheus metrics as the wheel defines them, and comparisons against them (tests/oracle/test_metrics.py).
 
-``wheel_families()`` is the reference for any check of a metric name: every family SGLang 0.5.10's collectors
-define (driver.py's ``metric_families`` op), by the name the text format's ``# TYPE`` line gives it (a counter
-with its ``_total``); ``family_of(sample)`` finds the family of a series name as PromQL writes it
-(``..._bucket``, ``..._sum``, ``..._count`` of a histogram). ``compare_families`` holds an exposition's families
-against those definitions, ``compare_expositions`` two expositions of the same server (the simulator's and the one
-SGLang's own collectors build); both return the problems they find, so that a test can also show they find them.
-``simulator()`` runs sim/sglang as the lab does, for a test to talk to.
+``wheel_families(release)`` is the reference for any check of a metric name: every family the collectors of SGLang
+``release`` define (driver.py's ``metric_families`` op, default: the release the roles pin), by the name the text
+format's ``# TYPE`` line gives it (a counter with its ``_total``); ``family_of(sample)`` finds the family of a series
+name as PromQL writes it (``..._bucket``, ``..._sum``, ``..._count`` of a histogram). ``compare_families`` holds an
+exposition's families against those definitions, ``compare_expositions`` two expositions of the same server (the
+simulator's and the one SGLang's own collectors build); both return the problems they find, so that a test can also show
+they find them. ``simulator(args, release)`` runs sim/sglang as the lab does, as that release, for a test to talk to.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import env
 import oracle
 from argvs import with_value
 
@@ -35,15 +36,21 @@ PID_MODES = {"all", "liveall"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
-@functools.cache
-def wheel_families() -> dict[str, dict]:
-    """{family: {"type", "help", "labels", "buckets", "multiprocess_mode", "source", "default"}} of SGLang's wheel.
+def wheel_families(release: str | None = None) -> dict[str, dict]:
+    """{family: {"type", "help", "labels", "buckets", "multiprocess_mode", "source", "default"}} of SGLang
+    ``release``'s wheel (default: the release the roles pin).
 
     ``labels``: the label names the collector is built with (EXTRA_LABELS may come on top); ``buckets``: a
     histogram's ``le`` values as the exposition writes them, ``+Inf`` last; ``source``: scheduler, tokenizer,
     http_server (the main process's middleware, function timer and CPU monitor) or optional (storage, radix cache,
     expert dispatch); ``default``: registered by a server started with plain --enable-metrics."""
-    (answer,) = oracle.ask([{"op": "metric_families"}])
+    return _wheel_families(release or env.pinned_version())
+
+
+@functools.cache
+def _wheel_families(release: str) -> dict[str, dict]:
+    (answer,) = oracle.ask([{"op": "metric_families", "model_config": oracle.model_config(oracle.SIM_K26_CONFIG)}],
+                           release)
     assert answer.get("ok"), answer
     return answer["families"]
 
@@ -150,9 +157,10 @@ class Sim:
 
 
 @contextlib.contextmanager
-def simulator(args: list[str], timeout: float = 60.0):
-    """sim/sglang started with ``args`` on a simulated 8-GPU host, as oracle.run_simulator starts it; yields a Sim
-    once /health answers, and kills it afterwards."""
+def simulator(args: list[str], release: str | None = None, timeout: float = 60.0):
+    """sim/sglang started with ``args`` on a simulated 8-GPU host, as oracle.run_simulator starts it, as SGLang
+    ``release`` (the sim-only SGLANG_SIM_RELEASE; default: the release sim/sglang/pyproject.toml names); yields a
+    Sim once /health answers, and kills it afterwards."""
     with tempfile.TemporaryDirectory(prefix="oracle-sim-") as tmp:
         root = Path(tmp)
         (root / "gpus.json").write_text(json.dumps({"count": oracle.GPUS}))
@@ -165,8 +173,10 @@ def simulator(args: list[str], timeout: float = 60.0):
                    "SIM_GPU_STATE_DIR": str(root / "procs"), "SGLANG_SIM_TIME_SCALE": "0.05",
                    "HOME": str(root / "home")}
         for var in ("SGLANG_SIM_FAULTS", "CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR", "HF_HOME", "HF_MODULES_CACHE",
-                    "FLASHINFER_WORKSPACE_BASE", "SGLANG_SIM_SERVE_TIME_SCALE"):
+                    "FLASHINFER_WORKSPACE_BASE", "SGLANG_SIM_SERVE_TIME_SCALE", "SGLANG_SIM_RELEASE"):
             environ.pop(var, None)
+        if release is not None:
+            environ["SGLANG_SIM_RELEASE"] = release
         if oracle.SIM_DEVNODES.exists():
             sys.path.insert(0, str(oracle.SIM_DEVNODES.parent))
             import devnodes

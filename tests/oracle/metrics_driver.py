@@ -1,5 +1,11 @@
 """Real SGLang's Prometheus metrics, for driver.py's ``metric_families``, ``metrics`` and ``auth`` ops (oracle venv).
 
+``metric_families`` builds the collectors of the release it runs in (0.5.10; 0.5.23, whose collectors read the
+runtime context's published configuration: see ``_family_server_args``). ``metrics`` reproduces 0.5.10's process
+layout and collectors, as described below; 0.5.23 launches its schedulers and builds their collectors otherwise
+(entrypoints/engine.py reads the published parallel configuration, ``SchedulerMetricsCollector.init_new``), which is
+not reproduced here.
+
 SGLang runs prometheus_client in multiprocess mode: PROMETHEUS_MULTIPROC_DIR is set before prometheus_client is
 first imported (utils/common.py set_prometheus_multiproc_dir), each scheduler process and the main process
 (TokenizerManager) write their own files, and /metrics is a MultiProcessCollector over them
@@ -315,34 +321,54 @@ def _families_of(build) -> dict:
     return out
 
 
+def _accepted(fn, **kwargs) -> dict:
+    """The keyword arguments ``fn`` takes (a collector's constructor grows and loses some between releases)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
 def _scheduler_families(server_args, everything: bool):
     def build():
         mc = _collectors()
         if everything:
-            os.environ["SGLANG_ENABLE_EPLB_BALANCEDNESS_METRIC"] = "1"
+            os.environ["SGLANG_ENABLE_EPLB_BALANCEDNESS_METRIC"] = "1"  # 0.5.10; 0.5.23 reads its flag
         labels = {"model_name": "", "engine_type": "", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
-        mc.SchedulerMetricsCollector(labels=labels, enable_lora=everything, enable_hierarchical_cache=everything,
-                                     server_args=server_args)
+        mc.SchedulerMetricsCollector(labels=labels, server_args=server_args, **_accepted(
+            mc.SchedulerMetricsCollector, enable_lora=everything, enable_hierarchical_cache=everything,
+            enable_streaming_session=everything))
     return _families_of(build)
 
 
 def _tokenizer_families(server_args, everything: bool):
     def build():
-        _collectors().TokenizerMetricsCollector(server_args=server_args, labels={"model_name": ""},
-                                                collect_tokens_histogram=everything)
+        mc = _collectors()
+        # 0.5.23's TokenizerManager labels its collector with tokenizer_metric_labels() (engine_type added)
+        labels = mc.tokenizer_metric_labels() if hasattr(mc, "tokenizer_metric_labels") else {"model_name": ""}
+        mc.TokenizerMetricsCollector(server_args=server_args, labels=labels,
+                                     **_accepted(mc.TokenizerMetricsCollector, collect_tokens_histogram=everything))
     return _families_of(build)
 
 
 def _main_process_families():
-    """What the main process adds with --enable-metrics: the HTTP middleware's metrics (the app is a stand-in that
-    takes the middleware), func_latency_seconds (enable_func_timer) and the tokenizer's CPU monitor."""
+    """What the main process adds with --enable-metrics: the HTTP middleware's metrics (0.5.10: the app is a stand-in
+    that takes the middleware; 0.5.23: init_http_request_metrics, which http_server's lifespan calls),
+    func_latency_seconds (enable_func_timer) and the tokenizer's CPU monitor."""
     def build():
         from sglang.srt.observability.cpu_monitor import start_cpu_monitor_thread
         from sglang.srt.observability.func_timer import enable_func_timer
-        from sglang.srt.utils.common import add_prometheus_track_response_middleware
 
-        app = types.SimpleNamespace(middleware=lambda kind: (lambda fn: fn), add_middleware=lambda *a, **k: None)
-        add_prometheus_track_response_middleware(app)
+        try:
+            from sglang.srt.utils.common import add_prometheus_track_response_middleware
+        except ImportError:
+            from sglang.srt.observability.http_request_metrics import init_http_request_metrics
+        else:
+            def init_http_request_metrics():
+                app = types.SimpleNamespace(middleware=lambda kind: (lambda fn: fn),
+                                            add_middleware=lambda *a, **k: None)
+                add_prometheus_track_response_middleware(app)
+        init_http_request_metrics()
         enable_func_timer()
         start_cpu_monitor_thread("tokenizer", interval=3600)
     return _families_of(build)
@@ -355,7 +381,39 @@ def _optional_families():
         mc.StorageMetricsCollector(labels=labels)
         mc.RadixCacheMetricsCollector(labels=labels)
         mc.ExpertDispatchCollector(ep_size=8)
+        if hasattr(mc, "EncoderMetricsCollector"):  # 0.5.23: the encoder servers of disaggregated multimodal
+            mc.EncoderMetricsCollector(labels=labels)
     return _families_of(build)
+
+
+def _family_server_args(model_config: dict | None, everything: bool):
+    """The ServerArgs the collectors are built with. 0.5.10's (a dataclass): one without its __post_init__, which
+    the collectors only pass along. 0.5.23's (a msgspec record): the collectors read the runtime context's published
+    config (get_observability(), get_schedule(), ...), so a server's resolved arguments with --enable-metrics (and,
+    for ``everything``, what registers the optional families: --expert-balancedness-report-mode prometheus) are
+    published, as the launcher does, before the collectors are built."""
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    if dataclasses.is_dataclass(ServerArgs):
+        class _Unchecked(ServerArgs):
+            def __post_init__(self):
+                pass
+
+        return _Unchecked(model_path="model")
+    if model_config is None:
+        raise ValueError("metric_families on SGLang 0.5.23 on needs the model_config a server's arguments are "
+                         "resolved with (tests/oracle/metrics.py wheel_families sends the simulator's K2.6 config)")
+    from sglang.srt.runtime_context import get_context
+
+    argv = ["--model-path", "model", "--enable-metrics"]
+    if everything:
+        argv += ["--expert-balancedness-report-mode", "prometheus"]
+    with _server_args(argv, model_config) as server_args:
+        server_args.resolve_once()
+    get_context().set_server_args(server_args)
+    return server_args
 
 
 def metric_families(request: dict) -> dict:
@@ -363,20 +421,15 @@ def metric_families(request: dict) -> dict:
     --enable-metrics (others need LoRA, HiCache, --collect-tokens-histogram, an environment variable, ...)."""
     _prometheus_dir()
     _collectors()
-    from sglang.srt.server_args import ServerArgs
-
-    class _Unchecked(ServerArgs):
-        def __post_init__(self):
-            pass
-
-    server_args = _Unchecked(model_path="model")
     out = {}
+    server_args = _family_server_args(request.get("model_config"), True)
     for source, fn, args in (("scheduler", _scheduler_families, (server_args, True)),
                              ("tokenizer", _tokenizer_families, (server_args, True)),
                              ("http_server", _main_process_families, ()),
                              ("optional", _optional_families, ())):
         for name, family in _in_child(fn, *args).items():
             out[name] = {**family, "source": source, "default": source == "http_server"}
+    server_args = _family_server_args(request.get("model_config"), False)
     for fn in (_scheduler_families, _tokenizer_families):
         for name in _in_child(fn, server_args, False):
             out[name]["default"] = True

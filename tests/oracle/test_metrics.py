@@ -1,9 +1,10 @@
-"""The simulator's /metrics is SGLang 0.5.10's: every family it exports is one the wheel defines, with its type,
-HELP text, label names and buckets; and for the same flags and requests, SGLang's own collectors (one process per
-scheduler, one for the tokenizer, merged by prometheus_client's multiprocess collector: tests/oracle/
-metrics_driver.py) answer with the same families and series — which schedulers report, with which rank labels —
-and the same request counts. The route needs no API key in both, and the content types are prometheus_client's.
-The comparisons are shown to catch a wrong family, type, label or bucket."""
+"""The simulator's /metrics is SGLang's, as each supported release: every family the simulator exports as a release
+is one that release's wheel defines, with its type, HELP text, label names and buckets; and for the same flags and
+requests, SGLang's own collectors (one process per scheduler, one for the tokenizer, merged by prometheus_client's
+multiprocess collector: tests/oracle/metrics_driver.py) answer with the same families and series — which schedulers
+report, with which rank labels — and the same request counts (SERIES_RELEASES: the releases whose process layout and
+collectors metrics_driver.py reproduces). The route needs no API key in both, and the content types are
+prometheus_client's. The comparisons are shown to catch a wrong family, type, label or bucket."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import copy
 import functools
 import json
 
+import env
 import oracle
 import pytest
 from exposition import parse
@@ -26,6 +28,13 @@ SCENARIOS = {
     "ep8 dp8 DP attention": [*BASE, "--tp-size", "8", "--ep-size", "8", "--dp-size", "8", "--enable-dp-attention",
                              "--mem-fraction-static", "0.92", "--cuda-graph-max-bs", "64"],
 }
+# The same servers spelled for 0.5.23 (attention DP and the decode CUDA graph by their new names)
+SCENARIOS_0_5_23 = {**SCENARIOS, "ep8 dp8 DP attention": [
+    *BASE, "--tp-size", "8", "--ep-size", "8", "--attn-dp-size", "8", "--mem-fraction-static", "0.92",
+    "--cuda-graph-max-bs-decode", "64"]}
+SCENARIOS_BY_RELEASE = {"0.5.10": SCENARIOS, "0.5.23": SCENARIOS_0_5_23}
+RELEASES = env.supported()
+SERIES_RELEASES = ("0.5.10",)
 REPORTING = {"tp8ep4": 1, "tp8, all schedulers": 8, "tp4pp2": 2, "ep8 dp8 DP attention": 8}
 KEY = {"Authorization": "Bearer sk-lab"}
 # The simulator's warm-up request as SGLang's tokenizer would have counted it (the simulator leaves its counts
@@ -54,10 +63,11 @@ def _meta(raw: bytes, stream: bool) -> dict:
     return json.loads(events[-1])["meta_info"]
 
 
-def _run(name: str, args: list[str]) -> dict:
-    """The scenario on the simulator: its requests (those of the first scenario), its /metrics answers."""
+def _run(name: str, args: list[str], release: str) -> dict:
+    """The scenario on the simulator as ``release``: its requests (those of the first scenario), its /metrics
+    answers."""
     out = {"requests": [WARMUP], "auth": [], "answers": {}}
-    with simulator(args) as sim:
+    with simulator(args, release) as sim:
         headers = KEY if "--api-key" in args else {}
         if name == "tp8ep4":
             for method, path in AUTH_PATHS:  # no key
@@ -84,27 +94,39 @@ def _run(name: str, args: list[str]) -> dict:
     return out
 
 
+def scenarios(release: str) -> dict[str, list[str]]:
+    assert release in SCENARIOS_BY_RELEASE, f"SGLang {release}: spell the scenarios for it (SCENARIOS_BY_RELEASE)"
+    return SCENARIOS_BY_RELEASE[release]
+
+
 @functools.cache
-def runs() -> dict:
-    """Each scenario on the simulator and, in one driver run, SGLang's answers for the same flags and requests."""
-    sims = {name: _run(name, args) for name, args in SCENARIOS.items()}
+def sim_runs(release: str) -> dict:
+    """Each scenario on the simulator as ``release``."""
+    return {name: _run(name, args, release) for name, args in scenarios(release).items()}
+
+
+@functools.cache
+def runs(release: str) -> dict:
+    """Each scenario on the simulator as ``release`` and, in one driver run, that release's answers for the same
+    flags and requests."""
+    sims = sim_runs(release)
     asks = [{"op": "metrics", "argv": args, "model_config": oracle.model_config(oracle.SIM_K26_CONFIG),
              "requests": sims[name]["requests"], "num_pages": sims[name]["num_pages"], "accept": ACCEPTS}
-            for name, args in SCENARIOS.items()]
+            for name, args in scenarios(release).items()]
     asks.append({"op": "auth", "api_key": "sk-lab", "requests": [[m, p, None] for m, p in AUTH_PATHS]})
     asks += [{"op": "parse_metrics", "text": sims[name]["answers"][accept]["text"],
               "openmetrics": accept == UTF8} for name in SCENARIOS for accept in ("", UTF8)]
-    answers = oracle.ask(asks)
+    answers = oracle.ask(asks, release)
     real = dict(zip(SCENARIOS, answers[:len(SCENARIOS)], strict=True))
     assert all(a.get("ok") for a in real.values()), [a.get("error") for a in real.values()]
     parsed = answers[len(SCENARIOS) + 1:]
-    return {"sim": sims, "real": real, "auth": answers[len(SCENARIOS)]["allowed"],
+    return {"release": release, "sim": sims, "real": real, "auth": answers[len(SCENARIOS)]["allowed"],
             "parsed": dict(zip([(n, a) for n in SCENARIOS for a in ("", UTF8)], parsed, strict=True))}
 
 
-@pytest.fixture(scope="module")
-def both():
-    return runs()
+@pytest.fixture(scope="module", params=SERIES_RELEASES)
+def both(request):
+    return runs(request.param)
 
 
 def _without_http(families: dict) -> dict:
@@ -114,10 +136,11 @@ def _without_http(families: dict) -> dict:
             if not n.replace("__", "_").startswith(("sglang:http_", "sglang:routing_keys_active"))}
 
 
-def test_every_family_the_simulator_exports_is_one_the_wheel_defines(both):
-    wheel = wheel_families()
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_family_the_simulator_exports_is_one_the_wheel_defines(release):
+    wheel = wheel_families(release)
     problems, seen = [], set()
-    for name, sim in both["sim"].items():
+    for name, sim in sim_runs(release).items():
         families = parse(sim["answers"][""]["text"])
         seen |= set(families)
         problems += [f"{name}: {p}" for p in compare_families(families, wheel)]
@@ -129,9 +152,9 @@ def test_every_family_the_simulator_exports_is_one_the_wheel_defines(both):
             "sglang:num_requests_total", "sglang:http_requests_total"}
     assert must <= seen, must - seen
     assert {wheel[n]["type"] for n in must} == {"gauge", "histogram", "counter"}
-    assert family_of("sglang:e2e_request_latency_seconds_bucket") == "sglang:e2e_request_latency_seconds"
-    assert family_of("sglang:prompt_tokens_total") == "sglang:prompt_tokens_total"
-    assert family_of("sglang:prompt_tokens") is None and family_of("sglang:num_running_requests") is None
+    assert family_of("sglang:e2e_request_latency_seconds_bucket", wheel) == "sglang:e2e_request_latency_seconds"
+    assert family_of("sglang:prompt_tokens_total", wheel) == "sglang:prompt_tokens_total"
+    assert family_of("sglang:prompt_tokens", wheel) is None and family_of("sglang:num_running_requests", wheel) is None
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -146,7 +169,7 @@ def test_the_same_server_answers_as_sglangs_collectors_do(both, name):
         assert not problems, f"Accept {accept!r}:\n" + "\n".join(problems)
     ours, theirs = parse(sim["answers"][""]["text"]), parse(real["answers"][""]["text"])
     for sample in COUNTS:
-        family = family_of(sample)
+        family = family_of(sample, wheel_families(both["release"]))
         mine = [v for s, _, v in ours.get(family, {"samples": []})["samples"] if s == sample]
         real_values = [v for s, _, v in theirs.get(family, {"samples": []})["samples"] if s == sample]
         warmup = {"sglang:prompt_tokens_total": 7, "sglang:generation_tokens_total": 8}.get(sample, 1)
@@ -194,7 +217,7 @@ def test_metrics_need_no_api_key_as_in_sglang(both):
 
 def test_the_comparisons_catch_what_is_wrong(both):
     """A wrong name, type, HELP text, label, pid, bucket, or a scheduler too many: each is reported."""
-    wheel = wheel_families()
+    wheel = wheel_families(both["release"])
     good = parse(both["sim"]["tp8ep4"]["answers"][""]["text"])
     assert compare_families(good, wheel) == []
     cases = {}

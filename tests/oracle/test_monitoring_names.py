@@ -1,7 +1,7 @@
-"""Every SGLang metric the alert rules, the Grafana dashboards and `moefleet status` read is one SGLang 0.5.10
-exports (the wheel's own collectors, tests/oracle/metrics.py), and every SGLang label they group or name series by
-is one it sets (or a label the scrape targets add). A renamed or invented metric would leave a panel empty or a
-rule silent forever."""
+"""Every SGLang metric the alert rules, the Grafana dashboards and `moefleet status` read is one every supported
+SGLang release exports (each wheel's own collectors, tests/oracle/metrics.py), and every SGLang label they group or
+name series by is one it sets (or a label the scrape targets add). A renamed or invented metric would leave a panel
+empty or a rule silent forever on the hosts that run that release; a failure names the rule or panel."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import env
 import oracle
 import pytest
 import yaml
@@ -32,6 +33,7 @@ DASHBOARDS = sorted((ROOT / "roles" / "monitoring_server" / "files" / "dashboard
 SGLANG_NAME = re.compile(r"\bsglang:[a-zA-Z0-9_:]+")
 # Labels Prometheus's scrape adds (moefleet-targets/*.json and the job), not SGLang's.
 TARGET_LABELS = {"host", "role", "job", "instance", "le"}
+RELEASES = env.supported()
 
 
 def queries() -> list[tuple[str, str, str]]:
@@ -46,13 +48,14 @@ def queries() -> list[tuple[str, str, str]]:
     return out
 
 
-def problems(wheel: dict) -> list[str]:
+def problems(wheel: dict, release: str) -> list[str]:
+    """What the rules, dashboards and live queries read that SGLang ``release``'s families (``wheel``) lack."""
     found = []
     for where, expr, legend in queries():
         for name in SGLANG_NAME.findall(expr):
             family = family_of(name, wheel)
             if family is None:
-                found.append(f"{where}: {name} is not a metric SGLang 0.5.10 exports")
+                found.append(f"{where}: {name} is not a metric SGLang {release} exports")
                 continue
             known = set(wheel[family]["labels"]) | TARGET_LABELS
             used = set(re.findall(r"\{\{(\w+)\}\}", legend)) | {
@@ -68,8 +71,10 @@ def test_the_rules_and_dashboards_read_sglang_metrics():
     assert any(where.startswith(RULES.name) for where, expr, _ in queries() if "sglang:" in expr)
 
 
-def test_every_sglang_metric_and_label_they_use_is_one_the_wheel_exports():
-    assert not problems(wheel_families()), "\n".join(problems(wheel_families()))
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_sglang_metric_and_label_they_use_is_one_the_wheel_exports(release):
+    found = problems(wheel_families(release), release)
+    assert not found, "\n".join(found)
 
 
 def test_a_name_the_wheel_does_not_export_is_caught():
@@ -77,10 +82,10 @@ def test_a_name_the_wheel_does_not_export_is_caught():
     label."""
     wheel = dict(wheel_families())
     del wheel["sglang:token_usage"]
-    assert any("sglang:token_usage is not a metric" in p for p in problems(wheel))
+    assert any("sglang:token_usage is not a metric" in p for p in problems(wheel, "X"))
     renamed = {k: (v | {"labels": [lb for lb in v["labels"] if lb != "tp_rank"]} if k == "sglang:cache_hit_rate" else v)
                for k, v in wheel_families().items()}
-    assert any("has no label tp_rank" in p for p in problems(renamed))
+    assert any("has no label tp_rank" in p for p in problems(renamed, "X"))
 
 
 def test_prometheus_reads_a_scrape_of_sglang_under_sglangs_names(tmp_path):

@@ -1,7 +1,8 @@
 """The simulator's /metrics (sim/sglang/sglang/_sim/metrics.py) as SGLang 0.5.10 serves it with --enable-metrics:
 Prometheus text from prometheus_client's multiprocess collector, no API key needed, figures that follow the
 requests served, and one set of scheduler series per scheduler that reports (attention-TP rank 0, or every one
-with --enable-metrics-for-all-schedulers). tests/oracle/test_metrics.py holds the families against the wheel."""
+with --enable-metrics-for-all-schedulers); the last test, where 0.5.23's collectors differ, as 0.5.23.
+tests/oracle/test_metrics.py holds the families against each release's wheel."""
 
 from __future__ import annotations
 
@@ -264,3 +265,43 @@ def test_a_client_that_goes_away_leaves_no_request_running_and_none_finished(lab
     assert value(families, "sglang:num_requests_total", model_name=NAME) == 0  # aborted, not finished
     assert value(families, "sglang:http_requests_active", endpoint="/generate", method="POST") == 0
     assert value(families, "sglang:http_responses_total", endpoint="/generate", method="POST", status_code="200") == 2
+
+
+def test_as_0_5_23_the_families_are_that_releases(lab):
+    """0.5.23's collectors: every scheduler emits its constants at start (max_total_num_tokens, memory by kind,
+    graph memory by phase, page_size, num_pages, context_len; no cache_config_info), only the reporting one its
+    stats; the tokenizer's series carry engine_type, the request families is_streaming, a finished request is also
+    a TPOT and three token-count observations, and there is no num_retractions."""
+    srv = lab.start(*TP8, "--enable-metrics", "--served-model-name", NAME, release="0.5.23")
+    srv.wait_ready()
+    before = scrape(srv)
+    assert "sglang:cache_config_info" not in before and "sglang:num_retractions" not in before
+    ranks = [{"model_name": NAME, "engine_type": "unified", "tp_rank": str(t), "pp_rank": "0", "moe_ep_rank": "0"}
+             for t in range(8)]
+    assert series(before, "sglang:max_total_num_tokens") == ranks
+    assert series(before, "sglang:num_running_reqs") == ranks[:1]  # log_stats: attention-TP rank 0
+    assert len(series(before, "sglang:graph_memory_usage_gb")) == 6 * 8
+    info = json.loads(srv.get("/server_info")[1])
+    max_tokens = value(before, "sglang:max_total_num_tokens", tp_rank="3")
+    assert max_tokens == info["max_total_num_tokens"] == value(before, "sglang:num_pages", tp_rank="3")
+    assert value(before, "sglang:page_size", tp_rank="0") == 1
+    assert value(before, "sglang:context_len", tp_rank="0") == info["context_length"]
+    assert value(before, "sglang:weight_memory_usage_gb", tp_rank="0") > 0
+    assert value(before, "sglang:graph_memory_usage_gb", tp_rank="0", phase="decode") > 0
+    tokenizer = {"model_name": NAME, "engine_type": "unified"}
+    assert series(before, "sglang:num_requests_total") == [{**tokenizer, "is_streaming": "false"}]  # the warm-up
+    code, answer = chat(srv, "How are you?", max_tokens=8)
+    assert code == 200
+    post(srv, "/generate", {"text": "Tell me a story", "stream": True,
+                            "sampling_params": {"max_new_tokens": 120, "ignore_eos": True}})
+    after = scrape(srv)
+    for streamed in ("false", "true"):
+        assert value(after, "sglang:num_requests_total", is_streaming=streamed) == 1
+        assert value(after, "sglang:time_to_first_token_seconds_count", is_streaming=streamed) == 1
+        assert value(after, "sglang:request_time_per_output_token_seconds_count", is_streaming=streamed) == 1
+    assert value(after, "sglang:generation_tokens_total", is_streaming="true") == 120
+    assert [labels for s, labels, _ in after["sglang:inter_token_latency_seconds"]["samples"]
+            if s.endswith("_count")] == [tokenizer]
+    assert value(after, "sglang:inter_token_latency_seconds_count") == 119
+    assert value(after, "sglang:prompt_tokens_histogram_count") == 2
+    assert value(after, "sglang:generation_tokens_histogram_sum") == 120 + answer["usage"]["completion_tokens"]

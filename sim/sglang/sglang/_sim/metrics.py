@@ -1,4 +1,6 @@
-"""SGLang 0.5.10's Prometheus metrics (--enable-metrics), served at /metrics on the serving port.
+"""SGLang's Prometheus metrics (--enable-metrics), served at /metrics on the serving port, as the release the
+simulator is (_sim/release.py): 0.5.10's families below, and where 0.5.23's collectors differ (RELEASE_0_5_23 at the
+end of this docstring), 0.5.23's.
 
 Real SGLang runs prometheus_client in multiprocess mode (utils/common.py set_prometheus_multiproc_dir): every
 scheduler process and the main process (TokenizerManager, the HTTP middleware) write their own files, and
@@ -26,6 +28,16 @@ number formatting, for the families below; tests/oracle/test_metrics.py holds it
   active requests by endpoint (the route's path), and routing_keys_active. The API-key middleware sits outside
   it, so a 401 is not counted.
 
+Where 0.5.23 differs (its observability/metrics_collector.py): log_stats sets another list of gauges
+(SCHEDULER_GAUGES_0_5_23: kv_/swa_/mamba_ token counts, spec_ and PD gauges; no num_running_reqs_offline_batch,
+num_prefill_prealloc_queue_reqs, engine_startup_time, engine_load_weights_time); sglang:cache_config_info is gone and
+every scheduler with a collector (every rank with --enable-metrics) emits its constants once at start
+(Scheduler.emit_metrics_constants: max_total_num_tokens, weight and KV-cache memory, graph memory by phase, page_size,
+num_pages, context_len); the tokenizer's labels add engine_type, the request counters and the TTFT and end-to-end
+histograms an ``is_streaming`` label, a finished request is also observed in request_time_per_output_token_seconds
+(more than one token) and the prompt, uncached-prompt and generation token histograms, and sglang:num_retractions is
+gone.
+
 Times are the simulator's simulated seconds. What the simulator leaves out is listed in sim/sglang/README.md.
 """
 
@@ -35,6 +47,7 @@ import gzip
 import math
 import threading
 
+from . import release as R
 from . import throughput as T
 
 # prometheus_client 0.26 (what `pip install sglang==0.5.10` resolves prometheus-client>=0.20.0 to)
@@ -110,6 +123,91 @@ HTTP_RESPONSES = ("sglang:http_responses_total", "Total number of HTTP responses
 HTTP_ACTIVE = ("sglang:http_requests_active", "Number of currently active HTTP requests")
 ROUTING_KEYS_ACTIVE = ("sglang:routing_keys_active", "Number of unique routing keys with active requests")
 
+# --- 0.5.23 (observability/metrics_collector.py of that wheel) ---------------------------------------------------
+# (name, HELP) of the gauges its SchedulerMetricsCollector.log_stats sets, in its order; "pid": multiprocess_mode
+# "all"
+SCHEDULER_GAUGES_0_5_23 = [
+    ("sglang:num_running_reqs", "The number of running requests."),
+    ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+    ("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."),
+    ("sglang:gen_throughput", "The generation throughput (token/s)."),
+    ("sglang:cache_hit_rate", "The prefix cache hit rate."),
+    ("sglang:decode_sum_seq_lens", "The sum of all sequence lengths in decode."),
+    ("sglang:token_usage", "The token usage."),
+    ("sglang:full_token_usage", "The token usage for full attention layers."),
+    ("sglang:swa_token_usage", "The token usage for SWA layers."),
+    ("sglang:mamba_usage", "The token usage for Mamba layers."),
+    ("sglang:num_used_tokens", "The number of used tokens."),
+    ("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool."),
+    ("sglang:kv_evictable_tokens", "Number of evictable (radix-cached) token slots in the KV cache pool."),
+    ("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool."),
+    ("sglang:swa_available_tokens", "Number of free token slots in the SWA pool (hybrid-SWA only)."),
+    ("sglang:swa_evictable_tokens", "Number of evictable (radix-cached) token slots in the SWA pool."),
+    ("sglang:swa_used_tokens", "Number of actively used token slots in the SWA pool."),
+    ("sglang:mamba_available_tokens", "Number of free state slots in the mamba SSM pool (hybrid-SSM only)."),
+    ("sglang:mamba_evictable_tokens", "Number of evictable (radix-cached) state slots in the mamba SSM pool."),
+    ("sglang:mamba_used_tokens", "Number of actively used state slots in the mamba SSM pool."),
+    ("sglang:spec_accept_length",
+     "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward)."),
+    ("sglang:spec_accept_rate", "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch)."),
+    ("sglang:spec_cap_length", "Mean DSpark confidence-scheduled verify window per verify step, incl the bonus slot "
+                               "(0 when no cap is scheduled)."),
+    ("sglang:spec_block_accept_length", "Mean uncapped full-block accept length per verify step (accept + "
+                                        "cap-trimmed drafts; exact only in DSpark cap-accept mode)."),
+    ("sglang:spec_num_steps", "Currently active speculative_num_steps."),
+    ("sglang:spec_num_draft_tokens", "Currently active speculative_num_draft_tokens (decouples from steps under "
+                                     "topk>1)."),
+    ("sglang:num_retracted_reqs", "The number of retracted requests.", "pid"),
+    ("sglang:num_paused_reqs", "The number of paused requests by async weight sync.", "pid"),
+    ("sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue."),
+    ("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue."),
+    ("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue."),
+    ("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."),
+    ("sglang:num_decode_host_receive_queue_reqs",
+     "Requests in the decode transfer queue receiving into host memory or waiting for device admission."),
+    ("sglang:num_decode_deferred_kv_release_reqs", "The number of failed decode requests whose KV allocations are "
+                                                   "held pending transfer drain acknowledgement or timeout."),
+    ("sglang:pending_prealloc_token_usage", "The token usage for pending preallocated tokens (not preallocated yet)."),
+    ("sglang:prealloc_full_token_usage", "Share of the full-attention KV pool held by decode requests whose KV "
+                                         "transfer is pending (preallocated, not yet running); same capacity basis "
+                                         "as sglang:full_token_usage."),
+    ("sglang:prealloc_swa_token_usage", "Share of the SWA KV pool held by decode requests whose KV transfer is "
+                                        "pending; same capacity basis as sglang:swa_token_usage."),
+    ("sglang:utilization", "The utilization."),
+    ("sglang:fwd_occupancy", "Forward pass GPU occupancy percentage."),
+    ("sglang:new_token_ratio", "The new token ratio."),
+    ("sglang:is_cuda_graph", "Whether the batch is using CUDA graph."),
+    ("sglang:num_unique_running_routing_keys", "Number of unique routing keys in running batch."),
+]
+# What SchedulerMetricsCollector.emit_constants sets, in its order (0.5.23's startup_available_gpu_memory_gb is left
+# out: README.md); graph_memory_usage_gb has a series per phase (model_executor/graph_memory_usage.py)
+CONSTANTS_0_5_23 = [
+    ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+    ("sglang:weight_memory_usage_gb", "Memory used by model weights in GB."),
+    ("sglang:kv_cache_memory_usage_gb", "Memory used by the KV cache pools in GB."),
+    ("sglang:graph_memory_usage_gb", "Memory used by captured device graphs in GB."),
+    ("sglang:page_size", "KV cache page size in tokens."),
+    ("sglang:num_pages", "Number of KV cache pages."),
+    ("sglang:context_len", "Maximum context length."),
+]
+GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
+# TokenizerMetricsCollector's default prompt/generation token buckets (generate_buckets with no --*-buckets flag)
+TOKEN_BUCKETS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500, 15000,
+                 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000, 400000,
+                 600000, 800000, 1000000, 1100000)
+# (name, HELP, buckets, whether it has the is_streaming label), in TokenizerMetricsCollector's order
+TOKENIZER_HISTOGRAMS_0_5_23 = [
+    ("sglang:prompt_tokens_histogram", "Histogram of prompt token length.", TOKEN_BUCKETS, False),
+    ("sglang:uncached_prompt_tokens_histogram", "Histogram of uncached (compute) prompt token length.", TOKEN_BUCKETS,
+     False),
+    ("sglang:generation_tokens_histogram", "Histogram of generation token length.", TOKEN_BUCKETS, False),
+    ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS, True),
+    ("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS, False),
+    ("sglang:request_time_per_output_token_seconds",
+     "Per-request TPOT in seconds: (finished_time - first_token_time) / (completion_tokens - 1).", ITL_BUCKETS, True),
+    ("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", E2E_BUCKETS, True),
+]
+
 
 def go_float(value: float) -> str:
     """prometheus_client.utils.floatToGoString."""
@@ -133,17 +231,25 @@ def attn_tp_rank(tp_rank: int, tp_size: int, dp_size: int, dp_attention: bool) -
     return tp_rank % (tp_size // (dp_size if dp_attention else 1))
 
 
-def scheduler_labels(args, rank) -> dict[str, str] | None:
-    """The labels of `rank`'s SchedulerMetricsCollector when it exports (init_metrics), else None."""
+def collector_labels(args, rank) -> dict[str, str] | None:
+    """The labels of `rank`'s SchedulerMetricsCollector, which every scheduler has with --enable-metrics, else
+    None."""
     if not args.enable_metrics:
-        return None
-    if attn_tp_rank(rank.tp_rank, rank.tp_size, rank.dp_size, rank.dp_attention) != 0 and \
-            not args.enable_metrics_for_all_schedulers:
         return None
     labels = {"model_name": args.served_model_name, "engine_type": "unified", "tp_rank": str(rank.tp_rank),
               "pp_rank": str(rank.pp_rank), "moe_ep_rank": str(rank.moe_ep_rank)}
     if rank.dp_size > 1:  # the DP controller hands each scheduler its dp_rank
         labels["dp_rank"] = str(rank.dp_rank)
+    return labels
+
+
+def scheduler_labels(args, rank) -> dict[str, str] | None:
+    """The labels of `rank`'s SchedulerMetricsCollector when it exports its stats (init_metrics'
+    current_scheduler_metrics_enabled), else None."""
+    labels = collector_labels(args, rank)
+    if labels is None or (attn_tp_rank(rank.tp_rank, rank.tp_size, rank.dp_size, rank.dp_attention) != 0
+                          and not args.enable_metrics_for_all_schedulers):
+        return None
     return labels
 
 
@@ -179,12 +285,14 @@ class Request:
         self.done = 0
         self.sent = 0  # tokens output to the tokenizer so far
         self.last = start  # time of the last output
+        self.first_token: float | None = None  # when its first token was decoded (the scheduler's first_token_time)
         self.ttft_observed = False
 
 
 class Metrics:
     def __init__(self, args, plan, pids: list[int], speed: tuple[float, float]):
         self.args, self.plan, self.speed = args, plan, speed
+        self.release = getattr(args, "release", None) or R.current()
         self.lock = threading.Lock()
         self.dp_size = max(1, int(args.dp_size or 1))
         self.inflight: list[Request] = []
@@ -194,11 +302,17 @@ class Metrics:
             if labels is not None:
                 self.schedulers.append((labels, rp.rank.dp_rank if self.dp_size > 1 else 0, pid))
         self.logged = False  # the schedulers have run log_stats (the warm-up's prefill, or the idle check)
-        # The tokenizer's families that exist: in multiprocess mode a family shows once it has a series, that is
-        # once something was observed in it.
-        self.present: set[str] = set()
-        self.counters = {name: 0.0 for name, _ in TOKENIZER_COUNTERS}
-        self.histograms = {name: Histogram(buckets) for name, _, buckets in TOKENIZER_HISTOGRAMS}
+        # The tokenizer's series, by (family, is_streaming or None): in multiprocess mode a family shows once it has
+        # a series, that is once something was observed in it.
+        new = self.release != "0.5.10"
+        self.histogram_families = TOKENIZER_HISTOGRAMS_0_5_23 if new else [
+            (name, help_, buckets, False) for name, help_, buckets in TOKENIZER_HISTOGRAMS]
+        self.streamed = {name for name, _, _, streamed in self.histogram_families if streamed}
+        if new:
+            self.streamed |= {name for name, _ in TOKENIZER_COUNTERS}
+        self.buckets = {name: buckets for name, _, buckets, _ in self.histogram_families}
+        self.histograms: dict[tuple[str, str | None], Histogram] = {}
+        self.counters: dict[tuple[str, str | None], float] = {}
         self.http_requests: dict[tuple[str, str], float] = {}
         self.http_responses: dict[tuple[str, str, str], float] = {}
         self.http_active: dict[tuple[str, str], float] = {}
@@ -211,9 +325,11 @@ class Metrics:
         with self.lock:
             self.logged = True
             if not skipped:
-                self.present |= {name for name, _ in TOKENIZER_COUNTERS} | {
-                    "sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
-                    "sglang:num_retractions"}
+                for name, _ in TOKENIZER_COUNTERS:
+                    self._count(name, 0.0, False)
+                for name in self.buckets:
+                    if name != "sglang:inter_token_latency_seconds":
+                        self.histograms.setdefault((name, self._streaming(name, False)), Histogram(self.buckets[name]))
 
     def begin(self, dp: int, prompt_tokens: int, start: float, stream: bool) -> Request:
         """A request reaches DP rank `dp`'s scheduler(s) at simulated time `start`."""
@@ -227,6 +343,9 @@ class Metrics:
         tokens). Outputs the tokenizer sees in the step are observed as collect_metrics does."""
         with self.lock:
             req.done = done
+            if req.first_token is None and done > step_done:
+                per_token = (t - step_start) / (done - step_done)
+                req.first_token = step_start + per_token if step_done == 0 else t
             if req.stream:
                 points = [(t, done)]
             else:
@@ -242,32 +361,45 @@ class Metrics:
     def _output(self, req: Request, when: float, tokens: int) -> None:
         if not req.ttft_observed:
             req.ttft_observed = True
-            self._observe("sglang:time_to_first_token_seconds", when - req.start)
+            self._observe("sglang:time_to_first_token_seconds", req.stream, when - req.start)
         elif tokens > req.sent:
             interval = when - req.last
-            self._observe("sglang:inter_token_latency_seconds", interval / (tokens - req.sent), tokens - req.sent,
-                          interval)
+            self._observe("sglang:inter_token_latency_seconds", req.stream, interval / (tokens - req.sent),
+                          tokens - req.sent, interval)
         else:
             return
         req.sent, req.last = tokens, when
 
-    def _observe(self, name: str, value: float, n: int = 1, total: float | None = None) -> None:
-        self.histograms[name].observe(value, n, total)
-        self.present.add(name)
+    def _streaming(self, name: str, stream: bool) -> str | None:
+        """The series' is_streaming label (0.5.23's request families), or None where the family has none."""
+        return ("true" if stream else "false") if name in self.streamed else None
 
-    def _count(self, name: str, value: float) -> None:
-        self.counters[name] += value
-        self.present.add(name)
+    def _observe(self, name: str, stream: bool, value: float, n: int = 1, total: float | None = None) -> None:
+        key = (name, self._streaming(name, stream))
+        self.histograms.setdefault(key, Histogram(self.buckets[name])).observe(value, n, total)
+
+    def _count(self, name: str, value: float, stream: bool) -> None:
+        key = (name, self._streaming(name, stream))
+        self.counters[key] = self.counters.get(key, 0.0) + value
 
     def finish(self, req: Request, completion_tokens: int, end: float) -> None:
         with self.lock:
             if not req.ttft_observed:  # nothing decoded: the final output is the first
                 self._output(req, end, completion_tokens)
-            self._count("sglang:prompt_tokens_total", req.prompt_tokens)
-            self._count("sglang:generation_tokens_total", completion_tokens)
-            self._count("sglang:num_requests_total", 1)
-            self._observe("sglang:e2e_request_latency_seconds", end - req.start)
-            self._observe("sglang:num_retractions", 0)
+            self._count("sglang:prompt_tokens_total", req.prompt_tokens, req.stream)
+            self._count("sglang:generation_tokens_total", completion_tokens, req.stream)
+            self._count("sglang:num_requests_total", 1, req.stream)
+            self._observe("sglang:e2e_request_latency_seconds", req.stream, end - req.start)
+            if self.release == "0.5.10":
+                self._observe("sglang:num_retractions", req.stream, 0)
+            else:  # observe_one_finished_request
+                first = end if req.first_token is None else req.first_token
+                if completion_tokens > 1 and end > first:  # ReqTimeStats.get_time_per_output_token
+                    self._observe("sglang:request_time_per_output_token_seconds", req.stream,
+                                  (end - first) / (completion_tokens - 1))
+                self._observe("sglang:prompt_tokens_histogram", req.stream, req.prompt_tokens)
+                self._observe("sglang:uncached_prompt_tokens_histogram", req.stream, req.prompt_tokens)
+                self._observe("sglang:generation_tokens_histogram", req.stream, completion_tokens)
             if req in self.inflight:
                 self.inflight.remove(req)
 
@@ -295,14 +427,25 @@ class Metrics:
         with self.lock:
             out = []
             labels = {"model_name": self.args.served_model_name}
-            for name, help_, _ in TOKENIZER_HISTOGRAMS:
-                if name in self.present:
-                    out.append((name, "histogram", help_, self.histograms[name].samples(name, labels)))
+            if self.release != "0.5.10":  # tokenizer_metric_labels
+                labels["engine_type"] = "unified"
+
+            def series(key: tuple[str, str | None]) -> dict:
+                return labels if key[1] is None else {**labels, "is_streaming": key[1]}
+
+            for name, help_, _, _ in self.histogram_families:
+                keys = sorted(k for k in self.histograms if k[0] == name)
+                if keys:
+                    out.append((name, "histogram", help_,
+                                [s for k in keys for s in self.histograms[k].samples(name, series(k))]))
+            if self.release != "0.5.10":
+                out += self._constants()
             if self.logged:
                 out += self._scheduler_families()
             for name, help_ in TOKENIZER_COUNTERS:
-                if name in self.present:
-                    out.append((name, "counter", help_, [(name, labels, self.counters[name])]))
+                keys = sorted(k for k in self.counters if k[0] == name)
+                if keys:
+                    out.append((name, "counter", help_, [(name, series(k), self.counters[k]) for k in keys]))
             out.append((HTTP_REQUESTS[0], "counter", HTTP_REQUESTS[1], [
                 (HTTP_REQUESTS[0], {"endpoint": e, "method": m}, v) for (e, m), v in self.http_requests.items()]))
             out.append((HTTP_RESPONSES[0], "counter", HTTP_RESPONSES[1], [
@@ -312,6 +455,31 @@ class Metrics:
                 (HTTP_ACTIVE[0], {"endpoint": e, "method": m}, v) for (e, m), v in self.http_active.items()]))
             out.append((ROUTING_KEYS_ACTIVE[0], "gauge", ROUTING_KEYS_ACTIVE[1], [(ROUTING_KEYS_ACTIVE[0], {}, 0.0)]))
             return [f for f in out if f[3]]
+
+    def _constants(self) -> list:
+        """0.5.23's Scheduler.emit_metrics_constants, on every scheduler with a collector (every rank)."""
+        from .plan import PREFILL_GRAPH_BYTES_PER_SIZE
+
+        plan, args, gib = self.plan, self.args, float(1 << 30)
+        prefill = args.graphs["prefill"]
+        prefill_bytes = 0 if prefill["backend"] == "disabled" else PREFILL_GRAPH_BYTES_PER_SIZE * len(prefill["bs"])
+        samples = {name: [] for name, _ in CONSTANTS_0_5_23}
+        for rp in plan.ranks:
+            labels = collector_labels(args, rp.rank)
+            graph = {phase: 0.0 for phase in GRAPH_PHASES}
+            graph["prefill"] = min(prefill_bytes, rp.graph_bytes) / gib
+            graph["decode"] = max(0, rp.graph_bytes - prefill_bytes) / gib
+            values = {"sglang:max_total_num_tokens": plan.max_total_num_tokens,
+                      "sglang:weight_memory_usage_gb": rp.weights_gib_reported,
+                      "sglang:kv_cache_memory_usage_gb": rp.kv_bytes / gib, "sglang:page_size": args.page_size,
+                      "sglang:num_pages": plan.max_total_num_tokens // max(1, args.page_size),
+                      "sglang:context_len": plan.context_len}
+            for name, _ in CONSTANTS_0_5_23:
+                if name == "sglang:graph_memory_usage_gb":
+                    samples[name] += [(name, {**labels, "phase": phase}, float(v)) for phase, v in graph.items()]
+                else:
+                    samples[name].append((name, labels, float(values[name])))
+        return [(name, "gauge", help_, samples[name]) for name, help_ in CONSTANTS_0_5_23]
 
     def _scheduler_families(self) -> list:
         plan, args = self.plan, self.args
@@ -329,10 +497,11 @@ class Metrics:
                 "sglang:decode_sum_seq_lens": used, "sglang:gen_throughput": rate * running,
                 "sglang:num_queue_reqs": len(reqs) - running, "sglang:max_total_num_tokens": plan.max_total_num_tokens,
                 "sglang:new_token_ratio": min(INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness, 1.0),
+                "sglang:kv_used_tokens": used, "sglang:kv_available_tokens": plan.max_total_num_tokens - used,
             }
             per_dp[d]["sglang:full_token_usage"] = per_dp[d]["sglang:token_usage"]
         out = []
-        for gauge in SCHEDULER_GAUGES:
+        for gauge in SCHEDULER_GAUGES if self.release == "0.5.10" else SCHEDULER_GAUGES_0_5_23:
             name, help_ = gauge[0], gauge[1]
             samples = []
             for labels, dp, pid in self.schedulers:
@@ -345,9 +514,10 @@ class Metrics:
             pairs.append((str(ROUTING_KEY_BOUNDS[-1]), "+Inf"))
             out.append((name, "gauge", help_, [(name, {**labels, "gt": gt, "le": le}, 0.0)
                                                for labels, _, _ in self.schedulers for gt, le in pairs]))
-        pages = plan.max_total_num_tokens // max(1, args.page_size)
-        out.append((CACHE_CONFIG_INFO[0], "gauge", CACHE_CONFIG_INFO[1],
-                    [(CACHE_CONFIG_INFO[0], {"page_size": str(args.page_size), "num_pages": str(pages)}, 1.0)]))
+        if self.release == "0.5.10":
+            pages = plan.max_total_num_tokens // max(1, args.page_size)
+            out.append((CACHE_CONFIG_INFO[0], "gauge", CACHE_CONFIG_INFO[1],
+                        [(CACHE_CONFIG_INFO[0], {"page_size": str(args.page_size), "num_pages": str(pages)}, 1.0)]))
         return out
 
     def render(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
