@@ -16,8 +16,8 @@ description:
     O(input_tokens) prompt tokens and O(output_tokens) generated tokens each, O(concurrency) at a time (the output
     throughput); each run's figures come back in RV(runs).
   - The prompts are the same token ids on every run and every release (a fixed seed), greedy, C(ignore_eos).
-  - With O(unless_release), a server that already runs that release is not measured (RV(measured) false): an upgrade
-    measures the release it replaces only.
+  - With O(unless_release), a server that already runs that release is not measured (RV(measured) false), so that an
+    upgrade measures the release it replaces only.
   - The judgement (is the new release slower?) is C(plugins/module_utils/release_compare.py)'s, through the filter
     C(moefleet.serving.release_compare).
 version_added: "0.3.0"
@@ -99,8 +99,8 @@ ARGUMENT_SPEC = {
     "api_key": {"type": "str", "no_log": True},
     "prompts": {"type": "int", "default": 16},
     "concurrency": {"type": "int", "default": 4},
-    "input_tokens": {"type": "int", "default": 512},
-    "output_tokens": {"type": "int", "default": 128},
+    "input_tokens": {"type": "int", "default": 512, "no_log": False},  # a count of tokens, not a token
+    "output_tokens": {"type": "int", "default": 128, "no_log": False},
     "runs": {"type": "int", "default": 3},
     "unless_release": {"type": "str"},
     "timeout": {"type": "int", "default": 600},
