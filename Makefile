@@ -23,7 +23,7 @@ UV_VERSION := 0.13.9
 COLLECTIONS := $(CURDIR)/.ansible/collections
 COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/moefleet/serving
 
-.PHONY: help setup lint sanity ee-context test check unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
+.PHONY: help setup lint sanity ee-context test test-upgrade check unit oracle-env oracle integration molecule demo sim-image sim-mirrors sim-up sim-down bench clean
 
 help:
 	@echo "make demo       set up, start the simulated lab, deploy profile $(PROFILE) on it"
@@ -96,6 +96,11 @@ SUITE_INPUTS := sim-image sim-mirrors oracle-env
 test: setup
 	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
 	$(BIN)/python tests/suite.py
+
+# moefleet upgrade from SGLang 0.5.10 to 0.5.23 on a two-host lab (5-6 minutes): not part of make test (its budget).
+test-upgrade: setup
+	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
+	$(BIN)/python tests/suite.py lab-upgrade
 
 # The edit-test loop (about 8 minutes): lint, unit and oracle tests, and one traced deploy on a lab host.
 check: setup

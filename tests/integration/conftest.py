@@ -45,7 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The bench sweep runs right after the rollout tests, on the host they leave installed and serving, so it
     needs no deploy of its own first (about 3.5 minutes less on a fresh lab). Every catalog profile's deploy, then
     the traced deploy, run last: they leave itest-1 on another profile than the rollout tests ask for, which they
-    would refuse without confirm. The upgrade to SGLang 0.5.23 runs after them all: it leaves the hosts on it."""
+    would refuse without confirm. The upgrade to SGLang 0.5.23 (make test-upgrade) runs after them all: it leaves
+    itest-1 on it."""
     trace = [i for i in items if i.path.name in ("test_catalog_profiles_lab.py", "test_deploy_trace_lab.py")]
     trace.sort(key=lambda i: i.path.name != "test_catalog_profiles_lab.py")
     trace += [i for i in items if i.path.name == "test_upgrade_lab.py"]

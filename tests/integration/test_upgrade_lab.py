@@ -1,7 +1,7 @@
 """moefleet upgrade on the lab's two hosts (itest-1, itest-2), SGLang 0.5.10 to 0.5.23 (the simulator's two releases,
-each a wheel of the lab's package index): a release 20 % slower is measured slower on the canary and switched back
-to the old release's unit without pip, the second host untouched; a release that answers garbage is stopped at the
-canary by the correctness gate; a healthy one is kept, with old against new in the report.
+each a wheel of the lab's package index): a release 1.5 times slower (below) is measured slower on the canary and
+switched back to the old release's unit without pip, the second host untouched; a release that answers garbage is
+stopped at the canary by the correctness gate; a healthy one is kept, with old against new in the report.
 
 The faults are the new release's own: the unit's fault list names 0.5.23 (sim/sglang: a fault's "release"), so the
 same environment serves 0.5.10 healthily. The canary decodes on a slower clock here (SGLANG_SIM_SERVE_TIME_SCALE=10:
@@ -10,9 +10,16 @@ default benchmark (8 requests a run). The healthy upgrade goes to the canary onl
 are the rollout's, which the rollout tests cover. Runs last in the lab job (tests/integration/conftest.py): itest-1
 ends on 0.5.23, itest-2 as the earlier tests left it.
 
-Cost (alone on the 2-core machine, the whole fleet upgraded and a full benchmark: 10.8 min in all): the start on the
-slower clock 86 s, the slow release 131 s (its pip install of 0.5.23 and the CUDA 13 toolkit included), the garbage
-one 85 s, the healthy one 95 s a host.
+Not in make test (`make test-upgrade` runs it, on a lab of its own): inside the suite's lab job it added 6 minutes
+(the start 38 s, the slow release 153 s with its pip install of 0.5.23 and the CUDA 13 toolkit, the garbage one 72 s,
+the healthy one 108 s; fresh-clone CI12), which the 35-minute budget has no room for. Alone on the 2-core machine:
+the start 38 s, 84 s, 62 s, 99 s (10.8 min in all with the whole fleet upgraded and the full benchmark).
+
+The slow release here is 1.5 times slower. At the fault's default 1.2 (20 %) the canary measured 463.6 -> 400.0 tok/s
+(-14 %) alone, over the 10 % tolerance plus 3-5 % noise, and switched back; inside the suite (load average ~8) it
+measured 458.1 -> 395.4 (-14 %) with 6 % noise and kept the release. The judgement did as it says (a drop within
+tolerance plus noise is not judged); a 20 % regression needs a quieter host or a longer benchmark to be seen (the
+simulator's 1.2 slows prefill and decode, of which the measured throughput shows about 14 %).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from playbook import on_host  # noqa: E402
 
 from moefleet import cli  # noqa: E402
 
-pytestmark = pytest.mark.lab
+pytestmark = pytest.mark.upgrade_lab  # make test-upgrade: not in make test (below)
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 REPORT_SCHEMA = json.loads((SCHEMAS / "rollout_report.schema.json").read_text())
@@ -86,7 +93,8 @@ def test_a_slower_release_is_switched_back_at_the_canary_without_pip(lab_invento
     report = tmp_path / "slow"
     second = release_of(lab_inventory, "itest-2")  # whatever it serves (the lab job's earlier tests), it stays so
     code, out = moefleet(capsys, "upgrade", "-i", str(lab_inventory), "--to", "0.5.23", "-e", "profile=tp8",
-                         "-e", serving_env({"fault": "slow", "release": "0.5.23"}), "--yes", "--report", str(report))
+                         "-e", serving_env({"fault": "slow", "factor": 1.5, "release": "0.5.23"}), "--yes",
+                         "--report", str(report))
     assert code == 1, out
     rows = report_of(report)
     canary = rows["itest-1"]
