@@ -37,7 +37,7 @@ from playbook import on_host  # noqa: E402
 
 from moefleet import cli  # noqa: E402
 
-pytestmark = pytest.mark.upgrade_lab  # make test-upgrade: not in make test (below)
+pytestmark = [pytest.mark.lab, pytest.mark.upgrade_lab]  # make test-upgrade, not make test (below)
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 REPORT_SCHEMA = json.loads((SCHEMAS / "rollout_report.schema.json").read_text())
