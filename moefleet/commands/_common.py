@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -86,3 +87,17 @@ def utc_text(value: object) -> str:
         return str(value) if value not in (None, "") else "-"
     when, zoned = parsed
     return when.strftime("%Y-%m-%d %H:%M:%S UTC") + ("" if zoned else LEGACY_MARK)
+
+
+def read_pasted(path: str, what: str) -> str:
+    """A pasted output's text from PATH or stdin ("-"), undecodable bytes replaced; a sentence naming the path as
+    ValueError when it cannot be read (``what``: what the file should hold, for the directory case)."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file.") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a file with {what}.") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err}).") from None
+    return data.decode("utf-8", errors="replace")

@@ -35,7 +35,7 @@ from typing import Any, TextIO
 
 from ansible_collections.moefleet.serving.plugins.module_utils.bench_results import parse_text
 
-from moefleet.commands._common import INVENTORY_HELP, add_vault_arguments, vault
+from moefleet.commands._common import INVENTORY_HELP, add_vault_arguments, read_pasted, vault
 
 EXIT_OK, EXIT_NOT_DONE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXPECTED = ("expected the block `python -m sglang.bench_serving` prints (from its "
@@ -103,19 +103,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=usage)
 
 
-def _read(path: str) -> str:
-    """The file's text; OSError's sentence as ValueError."""
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file.") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path}: is a directory, not a file with benchmark output.") from None
-    except OSError as err:
-        raise ValueError(f"{path}: cannot be read ({err.strerror or err}).") from None
-    return data.decode("utf-8", errors="replace")
-
-
 def _cell(fmt: str, value) -> str:
     if value is None:
         return "-"
@@ -145,7 +132,7 @@ def run_parse(args: argparse.Namespace) -> int:
     for path in args.files:
         name = "stdin" if path == "-" else path
         try:
-            found = parse_text(_read(path))
+            found = parse_text(read_pasted(path, "benchmark output"))
         except ValueError as err:
             print(f"moefleet bench parse: {err}", file=sys.stderr)
             code = EXIT_BAD_INPUT

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ansible_collections.moefleet.serving.plugins.module_utils.p2p_evidence import (
     RULES,
@@ -33,6 +32,8 @@ from ansible_collections.moefleet.serving.plugins.module_utils.p2p_evidence impo
     describe,
     read,
 )
+
+from moefleet.commands._common import read_pasted
 
 EXIT_P2P, EXIT_SHM, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -49,19 +50,6 @@ def register(subparsers) -> None:
     parser.add_argument("--gpus", metavar="LIST",
                         help="judge only these GPUs' pairs (indices as nvidia-smi numbers them, e.g. 0,1)")
     parser.set_defaults(func=run)
-
-
-def _read(path: str) -> str:
-    """The file's text; OSError's sentence as Unreadable."""
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except FileNotFoundError:
-        raise Unreadable("no such file.") from None
-    except IsADirectoryError:
-        raise Unreadable("is a directory, not a file with a pasted output.") from None
-    except OSError as err:
-        raise Unreadable(f"cannot be read ({err.strerror or err}).") from None
-    return data.decode("utf-8", errors="replace")
 
 
 def _gpus(value: str | None) -> list[int] | None:
@@ -111,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         name = "stdin" if path == "-" else path
         try:
-            found = read(_read(path))
-        except Unreadable as err:
+            found = read(read_pasted(path, "a pasted output"))
+        except ValueError as err:  # Unreadable, or the file's own sentence (which names it)
+            err = Unreadable(str(err).removeprefix(f"{path}: "))
             print(f"moefleet p2p-check: {name}: {err}", file=sys.stderr)
             files.append({"file": name, "error": str(err)})
             unreadable = True
