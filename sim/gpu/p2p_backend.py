@@ -18,6 +18,12 @@ bandwidth arithmetic are the real ones; only the collective is modelled (pcie_si
   (not the sleep's, which a loaded machine stretches), so the script computes the model's bus bandwidth.
 It prints NCCL's INFO lines (version, each rank's ring step "via P2P/CUMEM" or "via SHM/direct/direct", Init
 COMPLETE) when NCCL_DEBUG=INFO, in NCCL's format, for the preflight to read the transports as it would from NCCL.
+
+Its ranks run as threads of the check's own process (RANKS = "threads"): a model has no CUDA state that needs a
+process per rank, and eight interpreters per run were most of the lab preflight's CPU (measured: 0.65 CPU-s a run with
+a process per rank, 8 GPUs; the lab's suite runs on 2 cores). A hung rank's thread waits, as a process would, until
+the check gives up at its timeout and exits. A test that wants the check's process handling runs this file through a
+backend file of its own without RANKS (tests/sim/test_p2p_sim.py).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,8 +78,13 @@ def _rendezvous(rank: int, world: int, port: int, timeout_s: float) -> None:
             time.sleep(0.05)
 
 
+# The check runs this backend's ranks as threads (roles/sglang_service/files/p2p-allreduce-check).
+RANKS = "threads"
+
+
 class SimComm:
-    def __init__(self, rank: int, world: int, port: int, timeout_s: float) -> None:
+    def __init__(self, rank: int, world: int, port: int, timeout_s: float, emit=None) -> None:
+        self.emit = emit or (lambda text: print(text, flush=True))
         visible = [int(g) for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         if len(visible) < world:
             raise RuntimeError(f"CUDA error: invalid device ordinal (CUDA_VISIBLE_DEVICES has {len(visible)} GPU(s) "
@@ -94,8 +106,8 @@ class SimComm:
             self._nccl_lines()
 
     def _nccl_lines(self) -> None:
-        host, pid = socket.gethostname(), os.getpid()
-        prefix = f"{host}:{pid}:{pid} [{self.rank}] NCCL INFO"
+        host, pid, tid = socket.gethostname(), os.getpid(), threading.get_native_id()  # NCCL's host:pid:tid
+        prefix = f"{host}:{pid}:{tid} [{self.rank}] NCCL INFO"
         lines = [f"{prefix} NCCL version {self.nccl_version}+cuda12.9"] if self.rank == 0 else []
         for variable, value in sorted((k, v) for k, v in os.environ.items() if k.startswith("NCCL_")):
             if variable != "NCCL_DEBUG":
@@ -107,7 +119,7 @@ class SimComm:
             lines.append(f"{prefix} Channel {channel:02d}/0 : {self.rank}[{self.rank}] -> {peer}[{peer}] via {via}")
         lines.append(f"{prefix} comm 0x{pid:x} rank {self.rank} nranks {self.world} cudaDev {self.rank} "
                      f"nvmlDev {self.gpu} busId {0x1000 + 0x20000 * self.gpu:x} - Init COMPLETE")
-        print("\n".join(lines), flush=True)
+        self.emit("\n".join(lines))
 
     def _collective(self) -> None:
         if self.plan["hangs"]:
@@ -136,5 +148,5 @@ class SimComm:
         pass
 
 
-def open(rank: int, world: int, port: int, timeout_s: float) -> SimComm:  # noqa: A001 - the check's backend API
-    return SimComm(rank, world, port, timeout_s)
+def open(rank: int, world: int, port: int, timeout_s: float, emit=None) -> SimComm:  # noqa: A001 - the check's API
+    return SimComm(rank, world, port, timeout_s, emit)

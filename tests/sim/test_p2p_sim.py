@@ -52,13 +52,13 @@ def tool(path, *args, env=None, check=True):
     return done
 
 
-def allreduce(gpus, env, collective_timeout=2.0, size_mib=256):
+def allreduce(gpus, env, collective_timeout=2.0, size_mib=256, backend=BACKEND):
     """p2p-allreduce-check with the stand-in backend, as the preflight runs it; its JSON line and its wall time."""
     started = time.monotonic()
     base = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     done = subprocess.run([sys.executable, str(CHECK), "--gpus", ",".join(map(str, gpus)), "--label", "t",
                            "--size-mib", str(size_mib), "--iters", "3", "--warmup", "1", "--start-timeout", "30",
-                           "--collective-timeout", str(collective_timeout), "--backend", str(BACKEND)],
+                           "--collective-timeout", str(collective_timeout), "--backend", str(backend)],
                           capture_output=True, text=True, timeout=60, env=dict(base, **env))
     return json.loads(done.stdout.strip().splitlines()[-1]), time.monotonic() - started, done.returncode
 
@@ -183,10 +183,16 @@ def test_cross_socket_pairs_are_slower_than_one_switch(host):
     assert (across["busbw_gbps"], switch["busbw_gbps"]) == (pcie_sim.P2P_BUSBW["SYS"], pcie_sim.P2P_BUSBW["PIX"])
 
 
-def test_the_hang_state_hangs_and_is_killed_within_the_timeout(host):
+@pytest.mark.parametrize("ranks", ["threads", "processes"])
+def test_the_hang_state_hangs_and_is_killed_within_the_timeout(host, tmp_path, ranks):
     root, _, set_state = host
     set_state(acs="redirect")
-    run, seconds, code = allreduce([0, 1, 2, 3], P2P, collective_timeout=2.0)
+    backend = BACKEND
+    if ranks == "processes":  # the stand-in without RANKS = "threads": the check's process per rank, killed
+        backend = tmp_path / "per_process_backend.py"
+        backend.write_text(f"import sys\nsys.path.insert(0, {str(BACKEND.parent)!r})\n"
+                           "from p2p_backend import open  # noqa: F401,A004\n")
+    run, seconds, code = allreduce([0, 1, 2, 3], P2P, collective_timeout=2.0, backend=backend)
     assert (code, run["result"], run["phase"]) == (2, "hang", "collective")
     assert "4 of 4 rank(s) still in the all-reduce after 2.0 s" in run["error"]
     assert seconds < 2.0 + 8  # the workers' start plus the collective timeout, not more
