@@ -336,3 +336,19 @@ def test_an_idle_gpu_whose_link_speed_is_lowered_is_not_a_fault(host, links):
     done = command(host, "verify", "--under-load")
     assert done.returncode == 0, done.stdout
     assert json.loads(done.stdout)["pending"] == [] and Busy.calls > 0
+
+
+def test_unfit_from_the_p2p_preflight_takes_the_host_out_as_the_watcher_would(host):
+    tmp, _, config = host
+    why = "P2P preflight: GPU 0 at 100 % and 139.82 W with no process after a hung all-reduce"
+    done = command(host, "unfit", "p2p_preflight", why)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": True, "was": "healthy", "stopped": True}
+    record = facts(host)
+    assert (record["state"], record["reason"]) == ("unfit", why)
+    assert record["events"][-1]["source"] == "p2p_preflight" and record["events"][-1]["unfit"] is True
+    assert json.loads(Path(config["unfit_file"]).read_text())["reason"] == why  # what a deploy's refusal quotes
+    assert "stop --no-block sglang.service" in (tmp / "bin" / "systemctl.calls").read_text()
+    # a second report keeps the first reason and the time since when it is out
+    assert command(host, "unfit", "p2p_preflight", "again").returncode == 0
+    assert facts(host)["reason"] == why and len(facts(host)["events"]) == 2
