@@ -1,7 +1,8 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render profiles and decide
 rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args, .sglang_release and .release_flags
 (the target SGLang release and its spelling of the flags), .fallback_ladder, .opening_attempt, .next_step,
-.rollback_summary, .history, .attempt; .unit_with_credential and .unit_without_credential, the restored unit with
+.rollback_summary, .history, .attempt; .p2p_preflight_step, what a deploy does with the P2P preflight's verdict,
+and .nccl_uses_p2p; .unit_with_credential and .unit_without_credential, the restored unit with
 today's key; the documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one
 composition of an SGLang server's URL; .model_flags, the served model's parsers and sampling flags; .metrics_flags,
 SGLang's metrics flags; .scrape_targets, Prometheus's targets from the inventory; and for the controller checks
@@ -131,20 +132,31 @@ def next_step(attempts, ladder, catalog, flags=None, gpu_memory_mib=None, releas
         raise AnsibleFilterError(f"moefleet.serving.next_step: {exc}") from None
 
 
+def p2p_preflight_step(result, attempt, pinned, profile_flags, host):
+    """What the deploy does with the P2P preflight's verdict before the model load (rollback.p2p_preflight_step):
+    ``{action: keep|switch|stop, attempt, message, warn, record}``."""
+    if not isinstance(result, dict) or not isinstance(attempt, dict):
+        raise AnsibleFilterError("moefleet.serving.p2p_preflight_step: give the p2p_preflight module's result and the "
+                                 "attempt (dicts)")
+    return rollback.p2p_preflight_step(result, attempt, bool(pinned), profile_flags if isinstance(profile_flags, dict)
+                                       else {}, str(host))
+
+
 def local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now):
     """The host's local facts after a run (schemas/local_facts.schema.json)."""
     return host_state.local_facts(previous, asked_profile, asked_fingerprint, outcome, attempt, attempts, reason, now)
 
 
 def status_entry(host, reachable, local, runtime, unit_state, health_code, server_info, router=None, answers=None,
-                 live=None, fault=None):
+                 live=None, fault=None, p2p=None):
     """One host's entry of the status document (schemas/status.schema.json). ``router``, for a fleet with
     routers: ``{'url': the worker's URL as the routers list it, 'answers': the uri results of each router's
     GET /workers}``; the entry's router state is host_state.router_state's answer (none without routers), for the
     model the server says it serves (``served_model_name`` of its /server_info). ``answers``: the sglang_answers
     result of ``moefleet status --probe`` (none when it did not run). ``live``: the uri results of Prometheus's
     answers to host_state.LIVE_QUERIES (none without Prometheus): the host's live figures. ``fault``: the fault
-    watcher's record (ansible_local.moefleet_health)."""
+    watcher's record (ansible_local.moefleet_health). ``p2p``: the P2P preflight's last verdict
+    (ansible_local.moefleet_p2p)."""
     code = int(health_code) if health_code not in (None, "") else None
     state = None
     if isinstance(router, dict) and router.get("answers"):
@@ -153,7 +165,8 @@ def status_entry(host, reachable, local, runtime, unit_state, health_code, serve
     probe = answers if isinstance(answers, dict) and "passed" in answers else None
     figures = host_state.live_figures(live).get(host, {}) if live else None
     return host_state.status_entry(host, bool(reachable), local, runtime, unit_state, code, server_info, router=state,
-                                   answers=probe, live=figures, fault=fault if isinstance(fault, dict) else None)
+                                   answers=probe, live=figures, fault=fault if isinstance(fault, dict) else None,
+                                   p2p=p2p if isinstance(p2p, dict) else None)
 
 
 def live_query_urls(prometheus):
@@ -451,6 +464,8 @@ class FilterModule:
             "fallback_ladder": fallback_ladder,
             "opening_attempt": opening_attempt,
             "next_step": next_step,
+            "p2p_preflight_step": p2p_preflight_step,
+            "nccl_uses_p2p": rollback.uses_p2p,
             "unit_with_credential": unit_with_credential,
             "unit_without_credential": unit_without_credential,
             "local_facts": local_facts,

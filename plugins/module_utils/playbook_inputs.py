@@ -641,6 +641,9 @@ RULES: dict[str, Rule] = {
     "sglang_service_stop_timeout": Rule("count", 1, DAY),
     "sglang_service_unit_backups": Rule("count", 0, 100),
     "sglang_service_runtime_oom_limit": Rule("count", 1, 100),
+    "sglang_service_p2p_backend": Rule("pattern", pattern=r"torch|(/(?!\.\.?(/|$))[^/]+)+",
+                                       what="torch, or the absolute path of a backend file on the host"),
+    "sglang_service_p2p_timeout": Rule("count", 1, DAY),
     # fault_watch
     "fault_watch_hang_seconds": Rule("count", 1, DAY),
     "fault_watch_interval": Rule("count", 1, 3600),

@@ -30,6 +30,7 @@ When the ladder is exhausted the step is ``restore`` too.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -172,15 +173,9 @@ def next_step(
         return _halved(current, flags, "max_running_requests", MAX_RUNNING_START, "retune_runtime",
                        f"{name} ran out of memory while serving")
     if state == "hung" and current.get("nccl_set") != SHM_NCCL_SET and not _retuned(attempts, current, "nccl_shm"):
-        pairs = planner.custom_all_reduce_pairs(layout) if layout is not None else []
-        tuning = dict(current.get("tuning") or {})
-        also = ""
-        if pairs:
-            tuning["disable_custom_all_reduce"] = True
-            also = (f" and --disable-custom-all-reduce (SGLang's custom all-reduce uses P2P in {' and '.join(pairs)} "
-                    "of two GPUs whatever NCCL is told)")
+        attempt, also = _p2p_off(current, layout)
         return {"action": "start",
-                "attempt": {**current, "nccl_set": SHM_NCCL_SET, "tuning": tuning, "remedy": "nccl_shm"},
+                "attempt": {**attempt, "remedy": "nccl_shm"},
                 "reason": f"{name} hung in {phase or 'start-up'}; retrying it once with NCCL P2P off "
                           f"({SHM_NCCL_SET}){also}."}
     if state in ("oom", "hung"):
@@ -203,6 +198,104 @@ def next_step(
     return {"action": "restore",
             "reason": f"{name} failed to start ({cause}), which another layout would not fix; "
                       "restoring the last unit that served."}
+
+
+def _p2p_off(current: Mapping[str, Any], layout: Any) -> tuple[dict[str, Any], str]:
+    """The attempt with NCCL P2P off (the pcie_shm set), plus --disable-custom-all-reduce where SGLang's custom
+    all-reduce would still use P2P (a TP or MoE group of two GPUs); and the words saying the latter, or ""."""
+    pairs = planner.custom_all_reduce_pairs(layout) if layout is not None else []
+    tuning = dict(current.get("tuning") or {})
+    also = ""
+    if pairs:
+        tuning["disable_custom_all_reduce"] = True
+        also = (f" and --disable-custom-all-reduce (SGLang's custom all-reduce uses P2P in {' and '.join(pairs)} "
+                "of two GPUs whatever NCCL is told)")
+    return {**current, "nccl_set": SHM_NCCL_SET, "tuning": tuning}, also
+
+
+def uses_p2p(nccl_env: Mapping[str, Any] | None) -> bool:
+    """Whether an NCCL set's environment lets NCCL use PCIe peer-to-peer (anything but NCCL_P2P_DISABLE set)."""
+    return str((nccl_env or {}).get("NCCL_P2P_DISABLE", "")).strip() in ("", "0")
+
+
+def p2p_preflight_step(
+    result: Mapping[str, Any],
+    attempt: Mapping[str, Any],
+    pinned: bool,
+    profile_flags: Mapping[str, Any] | None,
+    host: str,
+) -> dict[str, Any]:
+    """What the deploy does with the P2P preflight's verdict (plugins/modules/p2p_preflight.py) before the model load:
+    ``{"action": "keep"|"switch"|"stop", "attempt": the attempt to start, "message": sentences, "warn": bool,
+    "record": what the host's facts keep}``.
+
+    - ``pcie_p2p``: keep the attempt (its set uses P2P).
+    - ``pcie_shm``: start the attempt with the pcie_shm set (and --disable-custom-all-reduce where the custom
+      all-reduce would use P2P), unless the operator pinned the set (``pinned``: sglang_service_nccl_set is set):
+      then keep it, and the record and the message name the contradiction.
+    - ``stuck``: start nothing (the GPUs a hang left stuck need a reboot: remediation).
+    - ``unknown`` (or anything else): keep the attempt, with a warning.
+    ``profile_flags`` are the attempt's profile flags (the custom all-reduce's groups are read from them)."""
+    verdict = str(result.get("verdict") or "unknown")
+    asked = str(attempt.get("nccl_set"))
+    reason = str(result.get("reason") or "the preflight gave no reason").strip()
+    said = reason.rstrip(".")  # inside the sentences below
+    fix = str(result.get("fix") or "").strip()
+    bandwidths = dict(result.get("bandwidths") or {})
+    p2p_bw, shm_bw = bandwidths.get("p2p_busbw_gbps"), bandwidths.get("shm_busbw_gbps")
+    when = result.get("decided_at")
+    cached = bool(result.get("cached"))
+    measured = "; ".join(part for part in (
+        f"all-reduce bus bandwidth {p2p_bw:g} GB/s with P2P" if isinstance(p2p_bw, (int, float)) else "",
+        f"{shm_bw:g} GB/s without" if isinstance(shm_bw, (int, float)) else "") if part)
+    source = f" (the verdict of {when}, cached for this boot, hardware and state)" if cached else ""
+    fix_words = f" Fix: {fix}" if fix else ""
+    action, served, contradiction, warn = "keep", attempt, None, False
+    if verdict == "pcie_p2p":
+        message = (f"{host}: P2P preflight: pcie_p2p{source}: {said}" + (f" ({measured})" if measured else "")
+                   + f". Serving with {asked}.")
+    elif verdict == "pcie_shm" and pinned:
+        warn = True
+        contradiction = (f"sglang_service_nccl_set pins {asked}, which uses P2P, but the P2P preflight says pcie_shm: "
+                         f"{said}")
+        message = (f"WARNING {host}: {contradiction}{source}.{fix_words} Kept {asked} because it is pinned: unset "
+                   "sglang_service_nccl_set to serve with pcie_shm, or fix the host; a P2P hang during the load is "
+                   "rolled back to pcie_shm then.")
+    elif verdict == "pcie_shm":
+        layout = None
+        with contextlib.suppress(TypeError, ValueError):
+            layout = planner.Layout.from_flags({**(profile_flags or {}), **(attempt.get("tuning") or {})})
+        served, also = _p2p_off(attempt, layout)
+        action, warn = "switch", True
+        message = (f"WARNING {host}: P2P preflight: pcie_shm{source}: {said}" + (f" ({measured})" if measured
+                                                                                  else "")
+                   + f". Serving with {SHM_NCCL_SET} (NCCL P2P off){also} instead of {asked}, before any weights "
+                     f"load.{fix_words} Once fixed, deploy with -e sglang_service_retry=true to prove P2P again.")
+    elif verdict == "stuck":
+        action, warn = "stop", True
+        message = (f"{host}: P2P preflight: the GPUs are stuck{source}: {said}.{fix_words} Nothing was loaded: the "
+                   "host keeps its last good unit, and only a reboot frees the GPUs: run moefleet remediate (it "
+                   "reboots the host, checks its GPUs and starts the last unit that served). After the reboot the "
+                   f"preflight remembers the hang and serves {SHM_NCCL_SET} until the state changes.")
+    else:
+        warn = True
+        missing = "; ".join(str(m) for m in result.get("missing") or [])
+        message = (f"WARNING {host}: P2P preflight could not decide ({verdict}): {said}."
+                   + (f" Missing: {missing}." if missing else "") + f" Keeping {asked}.{fix_words}")
+    record = {
+        "verdict": verdict,
+        "reason": reason,
+        "fix": fix,
+        "bandwidths": {"p2p_busbw_gbps": p2p_bw, "shm_busbw_gbps": shm_bw},
+        "cached": cached,
+        "when": when,
+        "rules": list(result.get("rules") or []),
+        "asked_nccl_set": asked,
+        "nccl_set": None if action == "stop" else served.get("nccl_set"),
+        "pinned": bool(pinned),
+        "contradiction": contradiction,
+    }
+    return {"action": action, "attempt": dict(served), "message": message, "warn": warn, "record": record}
 
 
 def _kv_retune(current: Mapping[str, Any], flags: Mapping[str, Any], layout: Any,

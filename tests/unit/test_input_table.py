@@ -142,6 +142,12 @@ BAD: dict[str, tuple[object, str]] = {
     "sglang_service_runtime_facts_file": ("/etc/./x.fact", "set it to an absolute path"),
     "sglang_service_unit_backups": (-1, "from 0 to 100"),
     "sglang_service_runtime_oom_limit": (0, "from 1 to 100"),
+    "sglang_service_p2p_preflight": ("maybe", "not a valid boolean"),
+    "sglang_service_p2p_backend": ("p2p_backend.py", "torch, or the absolute path of a backend file"),
+    "sglang_service_p2p_timeout": (0, "from 1 to 86400"),
+    "sglang_service_p2p_cmdline_file": ("proc/cmdline", "set it to an absolute path"),
+    "sglang_service_p2p_sysfs_iommu": ("/sys/../iommu", "set it to an absolute path"),
+    "sglang_service_p2p_boot_id_file": ("boot_id", "set it to an absolute path"),
     # fault_watch
     "fault_watch_hang_seconds": (0, "from 1 to 86400"),
     "fault_watch_interval": (0, "from 1 to 3600"),
