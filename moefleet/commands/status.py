@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE if exc.unreachable else EXIT_DRIFT
     hosts = document["hosts"]
     print(json.dumps(document, indent=2) if args.json
-          else render_table(hosts) + "\n" + summary(hosts) + monitoring_note(document.get("monitoring")))
+          else render_table(hosts) + "\n" + summary(hosts) + p2p_notes(hosts)
+          + monitoring_note(document.get("monitoring")))
     return exit_code(hosts)
 
 
@@ -131,6 +132,34 @@ def monitoring_note(monitoring: dict[str, Any] | None) -> str:
         return ""
     where = f"; dashboards to import into Grafana: {monitoring['dashboards']}" if monitoring.get("dashboards") else ""
     return f"\nLive figures from Prometheus at {monitoring['prometheus']}{where}."
+
+
+def _p2p(entry: Any) -> str:
+    """The p2p column: the P2P preflight's last verdict, with the P2P bus bandwidth it measured or the set served."""
+    if not isinstance(entry, dict):
+        return "-"
+    verdict = str(entry.get("verdict"))
+    busbw = (entry.get("bandwidths") or {}).get("p2p_busbw_gbps")
+    if verdict == "pcie_p2p" and isinstance(busbw, (int, float)):
+        return f"pcie_p2p {busbw:g} GB/s"
+    if entry.get("contradiction"):
+        return f"{verdict} (pinned {entry.get('nccl_set')} kept)"
+    return verdict
+
+
+def p2p_notes(hosts: list[dict[str, Any]]) -> str:
+    """One line per host whose P2P preflight did not keep P2P, or whose pinned set contradicts it: why, and the fix."""
+    lines = []
+    for host in hosts:
+        entry = host.get("p2p")
+        if not isinstance(entry, dict) or (entry.get("verdict") == "pcie_p2p" and not entry.get("contradiction")):
+            continue
+        served = entry.get("nccl_set")
+        what = entry.get("contradiction") or f"{entry.get('verdict')}: {entry.get('reason')}"
+        lines.append(f"{host.get('host')}: P2P preflight {utc_text(entry.get('when'))}: {what}"
+                     + (f" Serving {served}." if served else " Nothing was started.")
+                     + (f" Fix: {entry['fix']}" if entry.get("fix") else ""))
+    return "".join("\n" + line for line in lines)
 
 
 def state_of(host: dict[str, Any]) -> str:
@@ -214,14 +243,17 @@ def _outcome(host: dict[str, Any]) -> str:
 
 def render_table(hosts: list[dict[str, Any]]) -> str:
     """One line per host; a fleet with routers gets a "router" column (ready, draining, out, unroutable,
-    unknown), and a fleet whose servers report more than one SGLang release (an upgrade under way, or a host
+    unknown), a fleet where a deploy ran the P2P preflight a "p2p" column (its last verdict), and a fleet whose
+    servers report more than one SGLang release (an upgrade under way, or a host
     restored to the release it ran before) a "sglang" column after the profile it serves."""
     routed = any("router" in h for h in hosts)
     live = any("live" in h for h in hosts)
+    p2p = any("p2p" in h for h in hosts)
     mixed = len({h.get("release") for h in hosts if h.get("release")}) > 1
     header = ("host", "serving", *(("sglang",) if mixed else ()), "asked", "outcome", "health",
               *(("router",) if routed else ()),
-              *(("running / KV / TTFT p99",) if live else ()), "last rollback", "while serving")
+              *(("running / KV / TTFT p99",) if live else ()), *(("p2p",) if p2p else ()), "last rollback",
+              "while serving")
     body = [
         (
             str(h.get("host")),
@@ -232,6 +264,7 @@ def render_table(hosts: list[dict[str, Any]]) -> str:
             h.get("health") or "-",
             *((h.get("router") or "-",) if routed else ()),
             *((_live(h.get("live")),) if live else ()),
+            *((_p2p(h.get("p2p")),) if p2p else ()),
             _rollback(h.get("last_rollback")),
             _runtime(h),
         )

@@ -83,6 +83,10 @@ def _handled_by_rescue(task) -> bool:
     return False
 
 
+# What the report keeps of a host's P2P preflight (roles/sglang_service: sglang_service_p2p).
+_P2P_KEYS = ("verdict", "reason", "fix", "bandwidths", "cached", "nccl_set", "contradiction")
+
+
 class _Host:
     """What the run showed of one host."""
 
@@ -97,6 +101,7 @@ class _Host:
         self.message = ""
         self.serving_before: str | None = None
         self.asked: str | None = None
+        self.p2p: dict | None = None
 
 
 class CallbackModule(CallbackBase):
@@ -261,6 +266,8 @@ class CallbackModule(CallbackBase):
             entry.serving_before = str(local["serving_profile"])
         if isinstance(facts.get("sglang_service_outcome"), dict):
             entry.outcome = facts["sglang_service_outcome"]
+        if isinstance(facts.get("sglang_service_p2p"), dict):
+            entry.p2p = facts["sglang_service_p2p"]
         if not self._play_is_serve:
             return
         entry.end = self._clock()
@@ -369,6 +376,8 @@ class CallbackModule(CallbackBase):
             # an upgrade's benchmark of the old and the new release (roles/sglang_service, release_compare.py)
             "release_compare": outcome.get("release_compare") if isinstance(outcome.get("release_compare"), dict)
             else None,
+            # the P2P preflight's verdict before the model load (roles/sglang_service, p2p_preflight_step's record)
+            "p2p": {key: entry.p2p.get(key) for key in _P2P_KEYS} if entry.p2p else None,
         }
 
     def _serve_batches(self) -> list[list[str]]:

@@ -17,6 +17,8 @@ ROUTER_STATES = ("ready", "draining", "out", "unroutable", "unknown")
 # What `moefleet status` says of a host now (its outcome column, the entry's "state"): only "ready" is a host
 # that serves what it was asked.
 HOST_STATES = ("ready", "degraded", "restored", "failed", "down", "unknown")
+# What `moefleet status` shows of the P2P preflight's last verdict (the role's record, ansible_local.moefleet_p2p).
+P2P_STATUS_KEYS = ("verdict", "reason", "fix", "bandwidths", "cached", "when", "nccl_set", "pinned", "contradiction")
 # Live figures `moefleet status` shows with Prometheus (playbooks/status.yml asks these, each by host label).
 LIVE_QUERIES = {
     "running_requests": "sum by (host) (sglang:num_running_reqs)",
@@ -91,6 +93,7 @@ def status_entry(
     answers: Mapping[str, Any] | None = None,
     live: Mapping[str, Any] | None = None,
     fault: Mapping[str, Any] | None = None,
+    p2p: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One host's line of the status document (playbooks/status.yml; `moefleet status` prints it).
 
@@ -102,7 +105,9 @@ def status_entry(
     ``wrong_output``, so it does not count as serving. ``live`` (live_figures' entry for the host, with Prometheus)
     adds ``live``: running requests, KV-cache use and TTFT p99 as Prometheus has them. ``fault`` (the fault watcher's
     record, ansible_local.moefleet_health): a host it found unfit (or that needs hardware attention) has the state
-    ``unhealthy`` and a ``fault`` entry (its state, the reason, since when), whatever else it reports."""
+    ``unhealthy`` and a ``fault`` entry (its state, the reason, since when), whatever else it reports. ``p2p`` (the
+    P2P preflight's last verdict, ansible_local.moefleet_p2p, roles/sglang_service) adds ``p2p``: P2P_STATUS_KEYS of
+    it."""
     local, runtime = (local or {}, runtime or {}) if reachable else ({}, {})
     unit = unit_state or "unknown"
     if not reachable:
@@ -141,7 +146,8 @@ def status_entry(
         "last_runtime_failure": runtime.get("last"),
     } | ({"router": router} if router is not None else {}) | ({"answers": probed} if probed is not None else {}) | (
         {"live": {figure: live.get(figure) for figure in LIVE_QUERIES}} if live is not None else {}) | (
-        {"fault": unfit} if unfit else {})
+        {"fault": unfit} if unfit else {}) | (
+        {"p2p": {key: p2p.get(key) for key in P2P_STATUS_KEYS}} if reachable and p2p and p2p.get("verdict") else {})
 
 
 def host_outcome(health: str, recorded: str | None, serving: str | None, asked: str | None) -> str:

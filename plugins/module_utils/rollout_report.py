@@ -216,6 +216,9 @@ def render_text(report: dict) -> str:
     compared = releases_compared(report)
     if compared:
         lines += ["SGLang releases, old against new (best run of each):", *(f"  {line}" for line in compared)]
+    verdicts = p2p_verdicts(report)
+    if verdicts:
+        lines += ["PCIe peer-to-peer preflight:", *(f"  {line}" for line in verdicts)]
     if report.get("next_steps"):
         lines += ["Next steps:", *(f"  {step}" for step in report["next_steps"])]
     return "\n".join(lines)
@@ -239,6 +242,30 @@ def releases_compared(report: dict) -> list[str]:
         verdict = {"slower": "slower: switched back", "not_slower": "not slower: kept",
                    "unmeasured": "not measured"}.get(compared.get("verdict"), compared.get("verdict"))
         lines.append(f"{row['host']}: {old} -> {new}: {'; '.join(figures) or compared.get('reason', '')} [{verdict}]")
+    return lines
+
+
+def p2p_verdicts(report: dict) -> list[str]:
+    """One line per host whose run ran the P2P preflight: the verdict, the set served, the bandwidths; the reason and
+    the fix when P2P was not kept, or the contradiction with a pinned set."""
+    lines = []
+    for row in report["hosts"]:
+        p2p = row.get("p2p")
+        if not isinstance(p2p, dict):
+            continue
+        bw = p2p.get("bandwidths") or {}
+        figures = ", ".join(f"{bw[key]:g} GB/s {label}" for key, label in (("p2p_busbw_gbps", "with P2P"),
+                                                                          ("shm_busbw_gbps", "without"))
+                            if isinstance(bw.get(key), (int, float)))
+        line = (f"{row['host']}: {p2p.get('verdict')}{' (cached)' if p2p.get('cached') else ''}, serving "
+                f"{p2p.get('nccl_set') or 'nothing'}" + (f" ({figures})" if figures else ""))
+        if p2p.get("contradiction"):
+            line += f"; {p2p['contradiction']}"
+        elif p2p.get("verdict") != "pcie_p2p":
+            line += f"; {p2p.get('reason')}"
+        if p2p.get("verdict") != "pcie_p2p" and p2p.get("fix"):
+            line += f" Fix: {p2p['fix']}"
+        lines.append(line)
     return lines
 
 
@@ -275,6 +302,9 @@ def render_markdown(report: dict) -> str:
     compared = releases_compared(report)
     if compared:
         lines += ["", "## SGLang releases, old against new", "", *(f"- {_md(line)}" for line in compared)]
+    verdicts = p2p_verdicts(report)
+    if verdicts:
+        lines += ["", "## PCIe peer-to-peer preflight", "", *(f"- {_md(line)}" for line in verdicts)]
     if report.get("next_steps"):
         lines += ["", "## Next steps", ""]
         for step in report["next_steps"]:

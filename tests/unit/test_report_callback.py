@@ -641,3 +641,37 @@ def test_an_upgrade_shows_old_against_new_per_host_and_why_the_canary_switched_b
            "noise 1%) [slower: switched back]" in markdown
     shown = "\n".join(run.cb._display.lines)
     assert "lab-1: 0.5.10 -> 0.5.23: output 800.0 -> 812.0 tok/s (+2%" in shown and "[not slower: kept]" in shown
+
+
+def test_the_p2p_preflight_verdict_reaches_the_report_with_its_reason_and_fix(tmp_path):
+    """roles/sglang_service sets sglang_service_p2p before the model load: the report keeps it per host, and the text
+    and Markdown name the hosts that did not keep P2P with the reason and the fix; a host without one has null."""
+    from ansible_collections.moefleet.serving.plugins.module_utils import rollback
+
+    found = {"verdict": "pcie_shm", "reason": "ACS request/completion redirect on 0000:00:01.1 while the IOMMU "
+             "translates.", "fix": "Disable ACS in the BIOS, or boot with iommu=pt.", "cached": False,
+             "bandwidths": {"p2p_busbw_gbps": None, "shm_busbw_gbps": 20.0}, "decided_at": "2026-12-05T17:00:00Z"}
+    step = rollback.p2p_preflight_step(found, {"profile": "tp8", "tuning": {}, "nccl_set": "pcie_p2p"}, False,
+                                       {"tp_size": 8}, "lab-1")
+    healthy = rollback.p2p_preflight_step(dict(found, verdict="pcie_p2p", reason="the all-reduce passed.",
+                                               fix="", bandwidths={"p2p_busbw_gbps": 37.6, "shm_busbw_gbps": 20.0}),
+                                          {"profile": "tp8", "tuning": {}, "nccl_set": "pcie_p2p"}, False, {}, "lab-2")
+    base = tmp_path / "p2p"
+    run = Run(extra={"moefleet_report_path": str(base)})
+    run.validate_and_confirm({"lab-1": "tp8", "lab-2": "tp8", "lab-3": "tp8"})
+    p2p_task = Task("Decide the NCCL set by the verdict", role="sglang_service", action="ansible.builtin.set_fact")
+    run.task(p2p_task, ["lab-1"], {"ansible_facts": {"sglang_service_p2p": step["record"]}})
+    run.task(p2p_task, ["lab-2"], {"ansible_facts": {"sglang_service_p2p": healthy["record"]}})
+    run.serve_batch(["lab-1", "lab-2"], {"lab-1": ready("tp8"), "lab-2": ready("tp8")})
+    run.stats()
+
+    report = read(base)
+    rows = {h["host"]: h for h in report["hosts"]}
+    assert (rows["lab-1"]["p2p"]["verdict"], rows["lab-1"]["p2p"]["nccl_set"]) == ("pcie_shm", "pcie_shm")
+    assert rows["lab-2"]["p2p"]["bandwidths"]["p2p_busbw_gbps"] == 37.6 and rows["lab-3"]["p2p"] is None
+    text = rollout_report.render_text(report)
+    assert "PCIe peer-to-peer preflight:" in text
+    assert ("  lab-1: pcie_shm, serving pcie_shm (20 GB/s without); ACS request/completion redirect on 0000:00:01.1 "
+            "while the IOMMU translates. Fix: Disable ACS in the BIOS, or boot with iommu=pt.") in text
+    assert "  lab-2: pcie_p2p, serving pcie_p2p (37.6 GB/s with P2P, 20 GB/s without)" in text
+    assert "## PCIe peer-to-peer preflight" in (tmp_path / "p2p.md").read_text()
