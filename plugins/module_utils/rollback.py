@@ -245,11 +245,11 @@ def p2p_preflight_step(
     p2p_bw, shm_bw = bandwidths.get("p2p_busbw_gbps"), bandwidths.get("shm_busbw_gbps")
     when = result.get("decided_at")
     cached = bool(result.get("cached"))
-    measured = "; ".join(part for part in (
-        f"all-reduce bus bandwidth {p2p_bw:g} GB/s with P2P" if isinstance(p2p_bw, (int, float)) else "",
-        f"{shm_bw:g} GB/s without" if isinstance(shm_bw, (int, float)) else "") if part)
+    figures = [f"{bw:g} GB/s {label}" for bw, label in ((p2p_bw, "with P2P"), (shm_bw, "without P2P"))
+               if isinstance(bw, (int, float))]
+    measured = f"all-reduce bus bandwidth {'; '.join(figures)}" if figures else ""
     source = f" (the verdict of {when}, cached for this boot, hardware and state)" if cached else ""
-    fix_words = f" Fix: {fix}" if fix else ""
+    fix_words = f" Fix: {fix.rstrip('.')}." if fix else ""
     action, served, contradiction, warn = "keep", attempt, None, False
     if verdict == "pcie_p2p":
         message = (f"{host}: P2P preflight: pcie_p2p{source}: {said}" + (f" ({measured})" if measured else "")

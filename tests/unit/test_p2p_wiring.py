@@ -48,7 +48,7 @@ def test_a_healthy_verdict_keeps_the_set_and_says_its_bandwidth():
                        bandwidths={"p2p_busbw_gbps": 37.6, "shm_busbw_gbps": 20.0}))
     assert (kept["action"], kept["attempt"], kept["warn"]) == ("keep", TP8, False)
     assert kept["message"] == ("lab-1: P2P preflight: pcie_p2p: the P2P all-reduce passed its data check at 37.6 GB/s "
-                               "(all-reduce bus bandwidth 37.6 GB/s with P2P; 20 GB/s without). Serving with pcie_p2p.")
+                               "(all-reduce bus bandwidth 37.6 GB/s with P2P; 20 GB/s without P2P). Serving with pcie_p2p.")
     assert kept["record"]["bandwidths"] == {"p2p_busbw_gbps": 37.6, "shm_busbw_gbps": 20.0}
     assert (kept["record"]["nccl_set"], kept["record"]["contradiction"]) == ("pcie_p2p", None)
 
@@ -63,7 +63,7 @@ def test_a_hang_serves_pcie_shm_before_the_load_with_the_reason_and_the_fix():
     switched = step(result("pcie_shm"))
     assert switched["action"] == "switch" and switched["warn"]
     assert switched["attempt"] == {"profile": "tp8", "tuning": {}, "nccl_set": "pcie_shm"}
-    assert REDIRECT.rstrip(".") in switched["message"] and f"Fix: {FIX}" in switched["message"]
+    assert REDIRECT.rstrip(".") in switched["message"] and f"Fix: {FIX}." in switched["message"]
     assert "Serving with pcie_shm (NCCL P2P off) instead of pcie_p2p, before any weights load." in switched["message"]
     assert "sglang_service_retry=true" in switched["message"]
     assert (switched["record"]["verdict"], switched["record"]["nccl_set"], switched["record"]["asked_nccl_set"]) == (
@@ -91,7 +91,7 @@ def test_a_pinned_set_is_kept_against_the_verdict_and_the_contradiction_reported
     assert kept["record"]["contradiction"].startswith(
         "sglang_service_nccl_set pins pcie_p2p, which uses P2P, but the P2P preflight says pcie_shm: ACS request")
     assert kept["message"].startswith("WARNING lab-1: sglang_service_nccl_set pins pcie_p2p")
-    assert f"Fix: {FIX}" in kept["message"] and "unset sglang_service_nccl_set" in kept["message"]
+    assert f"Fix: {FIX}." in kept["message"] and "unset sglang_service_nccl_set" in kept["message"]
     # a pinned set the verdict agrees with is no contradiction
     assert step(result("pcie_p2p"), pinned=True)["record"]["contradiction"] is None
 
