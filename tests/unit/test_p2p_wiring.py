@@ -48,7 +48,8 @@ def test_a_healthy_verdict_keeps_the_set_and_says_its_bandwidth():
                        bandwidths={"p2p_busbw_gbps": 37.6, "shm_busbw_gbps": 20.0}))
     assert (kept["action"], kept["attempt"], kept["warn"]) == ("keep", TP8, False)
     assert kept["message"] == ("lab-1: P2P preflight: pcie_p2p: the P2P all-reduce passed its data check at 37.6 GB/s "
-                               "(all-reduce bus bandwidth 37.6 GB/s with P2P; 20 GB/s without P2P). Serving with pcie_p2p.")
+                               "(all-reduce bus bandwidth 37.6 GB/s with P2P; 20 GB/s without P2P). Serving with "
+                               "pcie_p2p.")
     assert kept["record"]["bandwidths"] == {"p2p_busbw_gbps": 37.6, "shm_busbw_gbps": 20.0}
     assert (kept["record"]["nccl_set"], kept["record"]["contradiction"]) == ("pcie_p2p", None)
 
@@ -194,3 +195,15 @@ def test_status_shows_the_verdict_the_host_keeps(monkeypatch, tmp_path, capsys):
     assert [line[column:].split("  ")[0] for line in lines[2:5]] == ["pcie_p2p 37.6 GB/s", "pcie_shm", "-"]
     assert lines[-1] == (f"lab-2: P2P preflight 2026-12-05 17:00:00 UTC: pcie_shm: {REDIRECT} Serving pcie_shm. "
                          f"Fix: {FIX}")
+
+
+def test_a_remedy_of_a_run_the_preflight_sent_to_pcie_shm_is_served_with_pcie_shm_too():
+    """The fallback ladder names each profile's own set: a remedy after a pcie_shm start would load with P2P again."""
+    start = yaml.safe_load((ROOT / "roles" / "sglang_service" / "tasks" / "start.yml").read_text())
+    tasks = start[0]["block"]
+    remedy = next(t for t in tasks if t["name"] == "Take the remedy as the next pass's attempt")
+    expression = remedy["ansible.builtin.set_fact"]["__sglang_service_attempt"]
+    assert "p2p_preflight_step(__sglang_service_step.attempt, false" in expression and "'switch'" in expression
+    fallback = {"profile": "tp2pp4", "tuning": {}, "nccl_set": "pcie_p2p", "remedy": "fallback"}
+    served = step(result("pcie_shm"), fallback)["attempt"]
+    assert served == {**fallback, "nccl_set": "pcie_shm", "tuning": {"disable_custom_all_reduce": True}}
