@@ -3,8 +3,8 @@ file for its --backend option, answering as this host's simulated PCIe state say
 
 The lab's SGLang venv has no torch, so the check cannot run its own torch backend there; the lab's inventory gives the
 preflight this file instead (installed on lab hosts as /usr/local/lib/moefleet-sim/p2p_backend.py by sim/lab/lab.py,
-beside pcie_sim.py, which it reads). The check script, its process handling, timeouts, data check bookkeeping and bus
-bandwidth arithmetic are the real ones; only the collective is modelled (pcie_sim.plan):
+beside pcie_sim.py, which it reads). The check script, its waits, timeouts, data check bookkeeping and bus bandwidth
+arithmetic are the real ones (its process per rank is not: below); only the collective is modelled (pcie_sim.plan):
 
 - transport per GPU pair from NCCL_P2P_DISABLE / NCCL_P2P_LEVEL (default SYS on the lab's AMD host) and the pair's
   link in the simulated PCI tree;
