@@ -173,6 +173,7 @@ def test_the_hang_state_serves_pcie_shm_before_any_weights_load_with_the_reason_
     run = [a for a in history(lab_host) if a["time"] >= started]
     assert [(a["profile"], a["nccl_set"], a["outcome"]) for a in run] == [("tp8", "pcie_shm", "ready")], run
     assert "NCCL_P2P_DISABLE=1" in unit_env(lab_host)
+    capsys.readouterr()  # the deploy's output, printed above
     cli.main(["status", "-i", str(lab_host), "-l", HOST, "--json"])
     entry = json.loads(capsys.readouterr().out)["hosts"][0]
     assert (entry["p2p"]["verdict"], entry["p2p"]["nccl_set"]) == ("pcie_shm", "pcie_shm"), entry
