@@ -166,7 +166,7 @@ def test_the_hang_state_serves_pcie_shm_before_any_weights_load_with_the_reason_
     out = deploy(lab_host, "tp8")
     verdict = json_on_host(lab_host, P2P_FACTS)
     assert (verdict["verdict"], verdict["nccl_set"], verdict["cached"]) == ("pcie_shm", "pcie_shm", False), verdict
-    assert "ACS request/completion redirect" in verdict["reason"] and "hung" in verdict["reason"]
+    assert "over P2P did not finish and was killed" in verdict["reason"] and "ACS redirect on" in verdict["reason"]
     assert "iommu=pt" in verdict["fix"] and "setpci" in verdict["fix"]
     assert "P2P preflight: pcie_shm" in out and "before any weights load" in out and "Fix:" in out
     # the run's only start was the pcie_shm one: nothing loaded with P2P first
