@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -75,6 +76,7 @@ def test_sweep_reports_recommends_and_puts_back_what_served(lab_inventory):
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
         assert not (ROOT / "playbooks" / relative).exists()
         check_report(reports, before)
+        check_bench_part_d(reports)
     finally:
         shutil.rmtree(reports, ignore_errors=True)
         shutil.rmtree(ROOT / "playbooks" / relative, ignore_errors=True)
@@ -114,3 +116,17 @@ def check_report(reports: Path, before: dict) -> None:
     assert all(f"| {p} | ok |" in summary for p in PROFILES) and "Fastest single stream: **ep8**" in summary
     for name in (f"{stem}-throughput.png", f"{stem}-latency.png"):
         assert (reports / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def check_bench_part_d(reports: Path) -> None:
+    """`make bench`'s part (d), the sweep's own timing, read from this sweep's report (tests/bench/run.py
+    --sweep-report): the smoke run that keeps the part from rotting. Its lab run (a fresh host, the field report's four
+    profiles) is this test's sweep at full size: only its table is run here, which costs a second."""
+    (report_file,) = reports.glob("bench-*.json")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "bench" / "run.py"), "--sweep-report",
+                           str(report_file)], cwd=ROOT, text=True, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
+            if line.split() and line.split()[0] in PROFILES}
+    assert set(rows) == set(PROFILES), done.stdout
+    assert all(row[0] == "ok" and float(row[3]) > 0 for row in rows.values()), done.stdout
