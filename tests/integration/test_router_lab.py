@@ -18,12 +18,17 @@ under load takes its host out of the router within a second, moefleet remediate 
 same fault right after keeps it out (and a deploy to it is refused) until a repair is declared, and a hang while
 serving is taken out and remediated the same way; every worker serves again after them.
 
-Then, with monitoring on, healthy-but-unusual hosts are left alone through a rollout under load (a prefill that fails
-/health for twice the hang window on the worker rolled first while the gate between batches asks it, other devices'
-PCIe lines, an old fault before the deploy, starts whose correctness gate sees realistic thoughts) and
-no worker holds the gateway's admin key; a rollout rotates the workers' and the gateway's key.
+Then, with monitoring on, a rollout rotates the workers' and the gateway's key, and healthy-but-unusual hosts are left
+alone through the upgrade of the fleet from SGLang 0.5.10 to 0.5.23 under load (`moefleet upgrade`'s rollout: a
+prefill that fails /health for twice the hang window on the worker rolled first while the gate between batches asks
+it, other devices' PCIe lines, an old fault before the deploy, starts whose correctness gate sees realistic thoughts,
+old against new measured on a busy machine): no request fails, every worker ends on 0.5.23, and the report shows
+both releases' numbers per worker. No worker holds the gateway's admin key.
 
-Cost (issue 33, the job alone on the 2-core machine: 20.9 minutes in all): the fixture (3 workers from the installed
+Cost (2026-12-05, the job alone on the 2-core machine from a fresh clone: 23.2 minutes and 15.1 CPU-minutes in all, the
+installed-base image built in the fixture): the fixture 233 s, (1) 144 s, the key rotation 191 s, the upgrade with the
+healthy-but-unusual hosts 289 s (the same rollout without the upgrade: 212 s), the rest under 75 s each. Earlier
+(issue 33, alone: 20.9 minutes in all): the fixture (3 workers from the installed
 base, tp8 on each, no gateway) 170 s, (1) 161 s (the drains of servers on loopback find nothing to wait for; the
 rollout itself 126 s), the healthy-but-unusual test 212 s, the key rotation 191 s, (2) 73 s, (5) 74 s, monitoring
 69 s, the hang 63 s; the rest under 45 s each. Earlier (issue 23, beside two other jobs): 14.9 minutes in all.
@@ -84,9 +89,16 @@ ADMIN_KEY = "lab-router-admin-key-not-a-secret"  # inventory/sim/group_vars/rout
 WORKER_KEY = "lab-worker-api-key-not-a-secret"  # inventory/sim/group_vars/all.yml (lab_worker_api_key)
 # The fleet before it had a gateway (the fixture's deploy): each worker on the role's default address, no key.
 UNROUTED = {"sglang_service_host": "127.0.0.1", "sglang_service_api_key": "", "sglang_router_worker_api_key": ""}
-# The key the workers and the gateway rotate to (test_healthy_but_unusual_hosts_are_left_alone's rollout); the tests
+# The key the workers and the gateway rotate to (test_a_rollout_that_rotates_the_key_completes); the tests
 # after it send this one (KEYS).
 NEW_KEY = "lab-worker-api-key-rotated-not-a-secret"
+# The upgrade test_healthy_but_unusual_hosts_are_left_alone's rollout is: SGLang OLD to NEW, as `moefleet upgrade --to
+# NEW` passes it, with a short comparison (8 requests a run, 64-token prompts: the workers prefill slowly here, EXTRA)
+# and a tolerance for the suite's noise.
+OLD, NEW = "0.5.10", "0.5.23"
+UPGRADE = json.dumps({"sglang_package_spec": f"sglang[all]=={NEW}", "sglang_service_compare_tolerance": 0.2,
+                      "sglang_service_compare_prompts": 8, "sglang_service_compare_input_tokens": 64})
+REPORT_SCHEMA = json.loads((ROOT / "schemas" / "rollout_report.schema.json").read_text())
 KEYS = {"worker": WORKER_KEY}
 OLD_FAULT_GPU = 5  # its Xid 79 lines are in every worker's boot log from before the first deploy (the fixture)
 OLD_FAULT_PCI = "0000:a1:00"  # GPU 5's PCI bus in the simulated nvidia-smi, as the Xid line names it
@@ -196,16 +208,17 @@ def _serves_the_model(router_url: str) -> bool:
 
 
 def _rollout_under_load(inventory: Path, router_url: str, *extra: str, client_key: str | None = None,
-                        from_first_worker: bool = False, verbose: bool = False,
+                        from_first_worker: bool = False, verbose: bool = False, serve_only: bool = True,
                         log_path: Path | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """The rollout playbook on the installed workers as `moefleet rollout --serve-only` runs it (--skip-tags install),
-    with bounded load chunks through the router from its start to its end (from_first_worker: from the moment the
-    gateway, which the rollout installs, first lists a worker that serves the model), sent with ``client_key``
-    (default KEYS["worker"]); verbose: -v, which prints each task's result; log_path: where its output goes as it
-    runs (a temporary file by default)."""
+    """The rollout playbook on the installed workers as `moefleet rollout --serve-only` runs it (--skip-tags install;
+    serve_only=False: the whole path, as `moefleet upgrade` runs it), with bounded load chunks through the router from
+    its start to its end (from_first_worker: from the moment the gateway, which the rollout installs, first lists a
+    worker that serves the model), sent with ``client_key`` (default KEYS["worker"]); verbose: -v, which prints each
+    task's result; log_path: where its output goes as it runs (a temporary file by default)."""
     client_key = KEYS["worker"] if client_key is None else client_key
     cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "rollout.yml"),
-           *SERVE_ONLY, "-e", "confirm=yes", "-e", EXTRA, *(a for e in extra for a in ("-e", e)),
+           *(SERVE_ONLY if serve_only else ()), "-e", "confirm=yes", "-e", EXTRA,
+           *(a for e in extra for a in ("-e", e)),
            *(["-v"] if verbose else [])]
     totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
     started = time.monotonic()
@@ -826,6 +839,17 @@ def _answer_code(url: str, key: str) -> int:
         return exc.code
 
 
+def _release_of(inventory: Path, host: str) -> str:
+    """The release the worker's server reports, and the virtualenv its unit runs: "0.5.10 in 0.5.10"."""
+    req = urllib.request.Request(f"{_worker_urls(inventory)[host]}/server_info",
+                                 headers={"Authorization": f"Bearer {KEYS['worker']}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        version = json.load(resp)["version"]
+    unit = on_host(inventory, host, "systemctl cat sglang.service")
+    venv = re.search(r"/opt/sglang/([0-9.]+)/bin/python -m sglang", unit)
+    return f"{version} in {venv.group(1) if venv else '?'}"
+
+
 def _health_code(url: str) -> int:
     """The status of one GET /health of a worker (0 when nothing answers)."""
     try:
@@ -835,102 +859,6 @@ def _health_code(url: str) -> int:
         return exc.code
     except OSError:
         return 0
-
-
-def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path):
-    """Every automatic action stays silent on the healthy hosts that look most like its fault, with monitoring on,
-    through a rollout under load through the gateway: an NVMe drive's fatal AER error and a NIC's surprise link down
-    in two workers' kernel logs; each watcher restarted on a boot log that holds GPU 5's Xid 79 lines from before
-    the first deploy; and, on the worker rolled first, a prompt as long as its KV cache holds, sent when the second
-    batch reaches its fault watcher (the role's last tasks), so that the gate between batches ("every host done so
-    far still serves") asks the rolled worker while its prefill lasts more than twice the lab's hang window (20 s)
-    and its /health fails (each 8192-token chunk outlasts SGLang's wait for the scheduler, 2 s here) while its
-    chunks print progress: the gate counts it busy and serving (plugins/modules/sglang_serves.py). Each start passes
-    the correctness gate with K2.6's own sampling and thoughts of realistic length. Ends with no host taken out, the
-    rollout complete, every request answered, and Alertmanager sending no critical alert at any moment of it."""
-    inventory, router_url = routed_lab
-    urls = _worker_urls(inventory)
-    log = tmp_path / "rollout.log"
-    nvme, nic = WORKERS[1], WORKERS[2]
-    paged: list[dict] = []
-    stop = threading.Event()
-    prompt: dict = {}
-
-    def watch_alerts():
-        while not stop.is_set():
-            paged.extend(a for a in _paging(router_url) if a not in paged)
-            stop.wait(5)
-
-    def long_prompt_while_the_next_batch_starts():
-        # The second batch reaching its fault watcher (the role's last tasks): the gate between batches follows
-        # within some 10 to 20 s, and asks the worker rolled first while its prefill lasts (45 s here).
-        anchor = "TASK [fault_watch : Install the watcher, its event table and its configuration]"
-        text = ""
-        while not stop.is_set() and text.count(anchor) < 2:
-            stop.wait(0.5)
-            text = log.read_text() if log.exists() else ""
-        if text.count(anchor) < 2:
-            return
-        rolled = prompt["host"] = re.search(rf"\[({LAB}-\d)\]", text[text.index(anchor):]).group(1)
-        info = json.load(urllib.request.urlopen(urllib.request.Request(
-            f"{urls[rolled]}/get_server_info", headers={"Authorization": f"Bearer {KEYS['worker']}"}), timeout=30))
-        prompt["tokens"] = min(28000, int(info["max_total_num_tokens"]) - 1000)
-        codes = prompt["health"] = []
-        done = threading.Event()
-
-        def poll_health():
-            while not done.is_set():
-                codes.append(_health_code(urls[rolled]))
-                done.wait(1)
-
-        began = time.monotonic()
-        threading.Thread(target=poll_health, daemon=True).start()
-        try:
-            prompt["answer"] = _long_prompt(urls[rolled], prompt["tokens"])
-        finally:
-            done.set()
-            prompt["seconds"] = time.monotonic() - began
-
-    threads = [threading.Thread(target=f, daemon=True) for f in (watch_alerts, long_prompt_while_the_next_batch_starts)]
-    for thread in threads:
-        thread.start()
-    try:
-        for host, fault in ((nvme, "nvme-aer"), (nic, "nic-down")):
-            _run(sys.executable, LAB_PY, "fault", host, fault)
-        for host in WORKERS:
-            on_host(inventory, host, "systemctl restart moefleet-fault-watch.service")
-        result, load = _rollout_under_load(inventory, router_url, "profile=tp8", verbose=True, log_path=log)
-        threads[1].join(120)
-    finally:
-        stop.set()
-        threads[0].join(30)
-    assert result.returncode == 0, result.stdout[-4000:]
-    assert load["failed"] == 0 and load["sent"] >= CHUNK, load
-    assert "gate_inconclusive" not in result.stdout, result.stdout[-4000:]
-    rolled, codes = prompt.get("host"), prompt.get("health", [])
-    print(f"{prompt.get('tokens')}-token prompt on {rolled} while the next batch started: answered after "
-          f"{prompt.get('seconds', 0):.1f} s; /health meanwhile: {codes.count(503)} x 503 of {len(codes)}")
-    assert prompt.get("answer", {}).get("meta_info", {}).get("prompt_tokens") == prompt.get("tokens"), prompt
-    assert prompt["seconds"] > 2 * 20, prompt["seconds"]  # more than twice the lab's hang window
-    assert codes.count(503) >= 10, codes  # SGLang's /health failed through much of it
-    # The gate between batches asked the rolled worker during the prefill and counted it busy (-v shows its result,
-    # in YAML that wraps long lines).
-    said = " ".join(result.stdout.split())
-    assert f"{urls[rolled]}/health answered HTTP 503, but the scheduler printed a progress line" in said, \
-        result.stdout[-4000:]
-    hosts = _status(inventory, tmp_path)
-    assert {h: (hosts[h]["serving_profile"], hosts[h]["health"], hosts[h]["router"]) for h in WORKERS} == {
-        h: ("tp8", "serving", "ready") for h in WORKERS}
-    for host in WORKERS:
-        record = _health_record(inventory, host)
-        assert record.get("state", "healthy") == "healthy", record
-        assert not any(e.get("pci") == OLD_FAULT_PCI for e in record.get("events", [])), record  # before the deploy
-        assert on_host(inventory, host, "test -e /var/lib/moefleet/unfit && echo unfit || echo fit").strip() == "fit"
-    for host, fault in ((nvme, "0000:05:00.0"), (nic, "0000:80:03.1")):
-        recorded = [e for e in _health_record(inventory, host).get("events", []) if e.get("pci") == fault]
-        assert recorded and not any(e["unfit"] for e in recorded), recorded
-        assert all("neither a GPU nor a bridge above one" in e["meaning"] for e in recorded), recorded
-    assert paged == [], paged
 
 
 def test_a_rollout_that_rotates_the_key_completes(routed_lab, tmp_path, monkeypatch, record_property):
@@ -979,6 +907,128 @@ def test_a_rollout_that_rotates_the_key_completes(routed_lab, tmp_path, monkeypa
     for url in urls.values():
         found, attempts, routed, error = gateway_route.wait_routed(router_url, url, "kimi-k2.6", NEW_KEY, 30)
         assert found, (url, attempts, routed, error)
+
+
+def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path, record_property):
+    """Every automatic action stays silent on the healthy hosts that look most like its fault, with monitoring on,
+    through a rollout under load through the gateway: an NVMe drive's fatal AER error and a NIC's surprise link down
+    in two workers' kernel logs; each watcher restarted on a boot log that holds GPU 5's Xid 79 lines from before
+    the first deploy; and, on the worker rolled first, a prompt as long as its KV cache holds, sent when the second
+    batch reaches its fault watcher (the role's last tasks), so that the gate between batches ("every host done so
+    far still serves") asks the rolled worker while its prefill lasts more than twice the lab's hang window (20 s)
+    and its /health fails (each 8192-token chunk outlasts SGLang's wait for the scheduler, 2 s here) while its
+    chunks print progress: the gate counts it busy and serving (plugins/modules/sglang_serves.py). Each start passes
+    the correctness gate with K2.6's own sampling and thoughts of realistic length. Ends with no host taken out, the
+    rollout complete, every request answered, and Alertmanager sending no critical alert at any moment of it.
+
+    The rollout is `moefleet upgrade --to 0.5.23` (the whole path, -e sglang_package_spec): each worker installs
+    0.5.23 beside 0.5.10 while it is out of the gateway, is measured old against new at tp8, and keeps the new release,
+    which is as fast as the old (the comparison's own healthy-but-unusual host: a release measured on a machine busy
+    with the suite and the load; tolerance 0.2 here, 0.1 by default). Ends with every worker on 0.5.23 and the report
+    showing both releases' numbers per worker."""
+    inventory, router_url = routed_lab
+    urls = _worker_urls(inventory)
+    log, report = tmp_path / "rollout.log", tmp_path / "upgrade"
+    assert {h: _release_of(inventory, h) for h in WORKERS} == {h: f"{OLD} in {OLD}" for h in WORKERS}
+    nvme, nic = WORKERS[1], WORKERS[2]
+    paged: list[dict] = []
+    stop = threading.Event()
+    prompt: dict = {}
+
+    def watch_alerts():
+        while not stop.is_set():
+            paged.extend(a for a in _paging(router_url) if a not in paged)
+            stop.wait(5)
+
+    def long_prompt_while_the_next_batch_starts():
+        # The second batch reaching its fault watcher (the role's last tasks): the gate between batches follows
+        # within some 10 to 20 s, and asks the worker rolled first while its prefill lasts (45 s here).
+        anchor = "TASK [fault_watch : Install the watcher, its event table and its configuration]"
+        text = ""
+        while not stop.is_set() and text.count(anchor) < 2:
+            stop.wait(0.5)
+            text = log.read_text() if log.exists() else ""
+        if text.count(anchor) < 2:
+            return
+        rolled = prompt["host"] = re.search(rf"\[({LAB}-\d)\]", text[text.index(anchor):]).group(1)
+        info = json.load(urllib.request.urlopen(urllib.request.Request(
+            f"{urls[rolled]}/get_server_info", headers={"Authorization": f"Bearer {KEYS['worker']}"}), timeout=30))
+        prompt["tokens"] = min(28000, int(info["max_total_num_tokens"]) - 1000)
+        codes = prompt["health"] = []
+        done = threading.Event()
+
+        def poll_health():
+            while not done.is_set():
+                codes.append(_health_code(urls[rolled]))
+                done.wait(1)
+
+        began = time.monotonic()
+        threading.Thread(target=poll_health, daemon=True).start()
+        try:
+            prompt["answer"] = _long_prompt(urls[rolled], prompt["tokens"])
+        finally:
+            done.set()
+            prompt["seconds"] = time.monotonic() - began
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (watch_alerts, long_prompt_while_the_next_batch_starts)]
+    for thread in threads:
+        thread.start()
+    try:
+        for host, fault in ((nvme, "nvme-aer"), (nic, "nic-down")):
+            _run(sys.executable, LAB_PY, "fault", host, fault)
+        for host in WORKERS:
+            on_host(inventory, host, "systemctl restart moefleet-fault-watch.service")
+        result, load = _rollout_under_load(inventory, router_url, "profile=tp8", UPGRADE,
+                                           f"moefleet_report_path={report}", verbose=True, serve_only=False,
+                                           log_path=log)
+        threads[1].join(120)
+    finally:
+        stop.set()
+        threads[0].join(30)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert load["failed"] == 0 and load["sent"] >= CHUNK, load
+    assert "gate_inconclusive" not in result.stdout, result.stdout[-4000:]
+    rolled, codes = prompt.get("host"), prompt.get("health", [])
+    print(f"{prompt.get('tokens')}-token prompt on {rolled} while the next batch started: answered after "
+          f"{prompt.get('seconds', 0):.1f} s; /health meanwhile: {codes.count(503)} x 503 of {len(codes)}")
+    assert prompt.get("answer", {}).get("meta_info", {}).get("prompt_tokens") == prompt.get("tokens"), prompt
+    assert prompt["seconds"] > 2 * 20, prompt["seconds"]  # more than twice the lab's hang window
+    assert codes.count(503) >= 10, codes  # SGLang's /health failed through much of it
+    # The gate between batches asked the rolled worker during the prefill and counted it busy (-v shows its result,
+    # in YAML that wraps long lines).
+    said = " ".join(result.stdout.split())
+    assert f"{urls[rolled]}/health answered HTTP 503, but the scheduler printed a progress line" in said, \
+        result.stdout[-4000:]
+    hosts = _status(inventory, tmp_path)
+    assert {h: (hosts[h]["serving_profile"], hosts[h]["health"], hosts[h]["router"]) for h in WORKERS} == {
+        h: ("tp8", "serving", "ready") for h in WORKERS}
+    for host in WORKERS:
+        record = _health_record(inventory, host)
+        assert record.get("state", "healthy") == "healthy", record
+        assert not any(e.get("pci") == OLD_FAULT_PCI for e in record.get("events", [])), record  # before the deploy
+        assert on_host(inventory, host, "test -e /var/lib/moefleet/unfit && echo unfit || echo fit").strip() == "fit"
+    for host, fault in ((nvme, "0000:05:00.0"), (nic, "0000:80:03.1")):
+        recorded = [e for e in _health_record(inventory, host).get("events", []) if e.get("pci") == fault]
+        assert recorded and not any(e["unfit"] for e in recorded), recorded
+        assert all("neither a GPU nor a bridge above one" in e["meaning"] for e in recorded), recorded
+    assert paged == [], paged
+    # The upgrade: every worker on the new release, in its own virtualenv beside the old one, each measured old
+    # against new at its profile (tp8 before and after) and kept; the report shows both releases' numbers.
+    assert {h: _release_of(inventory, h) for h in WORKERS} == {h: f"{NEW} in {NEW}" for h in WORKERS}
+    data = json.loads(report.with_suffix(".json").read_text())
+    jsonschema.validate(data, REPORT_SCHEMA)
+    assert data["result"] == "complete", data
+    rows = {row["host"]: row for row in data["hosts"]}
+    record_property("figure", f"router lab: upgrade {OLD} -> {NEW} of 3 workers under load: {load['ok']} of "
+                              f"{load['sent']} answered, {load['failed']} failed, {load['rollout_s']} s; per worker "
+                              + ", ".join(f"{h} {rows[h]['seconds']} s" for h in WORKERS))
+    for host in WORKERS:
+        compared = rows[host]["release_compare"]
+        print(f"{host}: {rows[host]['seconds']} s; {compared and compared['reason']}")
+        assert compared and compared["verdict"] == "not_slower", (host, compared)
+        assert (compared["before"]["release"], compared["after"]["release"]) == (OLD, NEW), compared
+        assert on_host(inventory, host, "ls /opt/sglang").split() == [OLD, NEW]
+    assert "## SGLang releases, old against new" in report.with_suffix(".md").read_text()
 
 
 def test_a_runtime_oom_fires_its_alert_within_two_scrape_intervals(routed_lab):
