@@ -12,6 +12,8 @@ import re
 import shlex
 from pathlib import Path
 
+from ansible_collections.moefleet.serving.plugins.module_utils import sglang_releases
+
 
 def one_line(text: object) -> str:
     """The text on one line, whole: advice is never cut (a cut one read "so a higher --m...")."""
@@ -101,14 +103,23 @@ def run_kind(report: dict) -> str:
     return "deploy" if report.get("playbook") == "deploy.yml" else "rollout"
 
 
-def _command(report: dict, profile: str | None, hosts: list[str]) -> str:
-    words = ["moefleet", run_kind(report)]
+def _command(report: dict, profile: str | None, hosts: list[str], release: str | None = None) -> str:
+    """The command that runs this report's kind of run again on ``hosts``; with ``release``, `moefleet upgrade --to`
+    it (an upgrade's run, resumed or undone: a plain rollout would install the release the inventory pins)."""
+    words = ["moefleet", "upgrade" if release else run_kind(report)]
     for source in report.get("inventory") or []:
         words += ["-i", source]
+    if release:
+        words += ["--to", release]
     if profile:
         words += ["-e", f"profile={profile}"]
     words += ["--limit", ",".join(hosts)]
     return " ".join(shlex.quote(word) for word in words)
+
+
+def _upgraded_to(report: dict) -> str | None:
+    """The SGLang release the run moved hosts to (-e sglang_package_spec, as `moefleet upgrade --to` passes it)."""
+    return sglang_releases.release_of((report.get("extra_vars") or {}).get("sglang_package_spec"))
 
 
 def next_steps(report: dict, previous: dict[str, str]) -> list[str]:
@@ -133,11 +144,22 @@ def next_steps(report: dict, previous: dict[str, str]) -> list[str]:
             "moefleet status, and moefleet diagnose on the host's journal "
             "(journalctl -u sglang.service -o export > sglang.export)."
         )
+    release = _upgraded_to(report)
     steps.append(
         f"To resume ({', '.join(row['host'] for row in behind)} to "
-        f"{'each host profile' if per_host else profile}): "
-        f"{_command(report, profile, [row['host'] for row in behind])}"
+        f"{'each host profile' if per_host else profile}{f' on SGLang {release}' if release else ''}): "
+        f"{_command(report, profile, [row['host'] for row in behind], release)}"
     )
+    # An upgrade's hosts that kept the new release: the way back is the old release, at the profile they serve.
+    kept: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        compared = row.get("release_compare") or {}
+        old = (compared.get("before") or {}).get("release")
+        if release and row["outcome"] == "ready" and compared.get("verdict") != "slower" and old and old != release:
+            kept.setdefault((old, row["serving_profile"]), []).append(row["host"])
+    for (old, serving_now), hosts in kept.items():
+        steps.append(f"To move {', '.join(hosts)} back to SGLang {old}: "
+                     f"{_command(report, None if per_host else serving_now, hosts, old)}")
     moved = [
         row
         for row in rows

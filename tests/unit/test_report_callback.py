@@ -641,6 +641,14 @@ def test_an_upgrade_shows_old_against_new_per_host_and_why_the_canary_switched_b
            "noise 1%) [slower: switched back]" in markdown
     shown = "\n".join(run.cb._display.lines)
     assert "lab-1: 0.5.10 -> 0.5.23: output 800.0 -> 812.0 tok/s (+2%" in shown and "[not slower: kept]" in shown
+    # The next steps resume the upgrade (a plain rollout would install the release the inventory pins) and name the
+    # way back for the host that kept the new release.
+    steps = report["next_steps"]
+    inventory = "-i /srv/moefleet/inventory/sim"
+    assert f"moefleet upgrade {inventory} --to 0.5.23 -e profile=ep8 --limit lab-2,lab-3" in steps[2], steps
+    assert steps[2].startswith("To resume (lab-2, lab-3 to ep8 on SGLang 0.5.23): "), steps
+    assert steps[3:] == [f"To move lab-1 back to SGLang 0.5.10: moefleet upgrade {inventory} --to 0.5.10 -e "
+                         "profile=ep8 --limit lab-1"], steps
 
 
 def test_the_p2p_preflight_verdict_reaches_the_report_with_its_reason_and_fix(tmp_path):
