@@ -386,5 +386,6 @@ def test_the_setpci_idiom_clears_only_the_redirect_bits():
 
 def test_docs_table_lists_every_rule_in_the_order_they_decide():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "p2p.md").read_text(encoding="utf-8")
-    listed = re.findall(r"^\| `([a-z0-9-]+)` \|", docs, re.M)
+    table = docs.split("\n## The evidence table", 1)[1].split("\n## ", 1)[0]  # other tables name verdicts alike
+    listed = re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
     assert listed == [rule["id"] for rule in p2p.RULES]
