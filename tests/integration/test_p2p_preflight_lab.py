@@ -15,13 +15,13 @@ IOMMU translating). Serve-only deploys of tp8 and ep8, in this order (each test 
 
 The finalizer puts the healthy state back and leaves itest-2 fit and serving.
 
-Cost, measured on the 2-core dev machine (load average 3 to 4 from other work, 2026-12-05): the preflight on the host, the
-module with both all-reduces of 8 GPUs through the stand-in (its AnsiballZ, lspci, nvidia-smi and journalctl, the check
-twice with its ranks as threads; RUSAGE_CHILDREN of the module's interpreter), 0.65 CPU-s and 1.95 s of wall time per
-first deploy of a boot (with a process per rank it would be about 1.6 CPU-s: each run 0.65 instead of 0.17 CPU-s);
-a cached verdict costs the module's state reading alone. This file: 343 s on a lab already up (the healthy test's two
-deploys and the measurement 154 s, the hang state 89 s, stuck GPUs and the remediation's reboot 92 s, the finalizer
-8 s), 537 s with the lab's bring-up; the controller's CPU for all of it 106 s (user 72, system 34).
+Cost, measured on the 2-core dev machine (load average 3 to 4 from other work, 2026-12-05): the preflight on the host,
+the module with both all-reduces of 8 GPUs through the stand-in (its AnsiballZ, lspci, nvidia-smi and journalctl, the
+check twice with its ranks as threads; RUSAGE_CHILDREN of the module's interpreter), 0.65 CPU-s and 1.95 s of wall time
+per first deploy of a boot (with a process per rank it would be about 1.6 CPU-s: each run 0.65 instead of 0.17 CPU-s); a
+cached verdict costs the module's state reading alone. This file: 343 s on a lab already up (the healthy test's two
+deploys and the measurement 154 s, the hang state 89 s, stuck GPUs and the remediation's reboot 92 s, the finalizer 8
+s), 537 s with the lab's bring-up; the controller's CPU for all of it 106 s (user 72, system 34).
 """
 
 from __future__ import annotations
