@@ -267,8 +267,8 @@ def p2p_preflight_step(
             layout = planner.Layout.from_flags({**(profile_flags or {}), **(attempt.get("tuning") or {})})
         served, also = _p2p_off(attempt, layout)
         action, warn = "switch", True
-        message = (f"WARNING {host}: P2P preflight: pcie_shm{source}: {said}" + (f" ({measured})" if measured
-                                                                                  else "")
+        found = f" ({measured})" if measured else ""
+        message = (f"WARNING {host}: P2P preflight: pcie_shm{source}: {said}{found}"
                    + f". Serving with {SHM_NCCL_SET} (NCCL P2P off){also} instead of {asked}, before any weights "
                      f"load.{fix_words} Once fixed, deploy with -e sglang_service_retry=true to prove P2P again.")
     elif verdict == "stuck":

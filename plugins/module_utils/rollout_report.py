@@ -276,8 +276,8 @@ def p2p_verdicts(report: dict) -> list[str]:
         if not isinstance(p2p, dict):
             continue
         bw = p2p.get("bandwidths") or {}
-        figures = ", ".join(f"{bw[key]:g} GB/s {label}" for key, label in (("p2p_busbw_gbps", "with P2P"),
-                                                                          ("shm_busbw_gbps", "without"))
+        labels = (("p2p_busbw_gbps", "with P2P"), ("shm_busbw_gbps", "without"))
+        figures = ", ".join(f"{bw[key]:g} GB/s {label}" for key, label in labels
                             if isinstance(bw.get(key), (int, float)))
         line = (f"{row['host']}: {p2p.get('verdict')}{' (cached)' if p2p.get('cached') else ''}, serving "
                 f"{p2p.get('nccl_set') or 'nothing'}" + (f" ({figures})" if figures else ""))
