@@ -97,10 +97,11 @@ test: setup
 	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
 	$(BIN)/python tests/suite.py
 
-# moefleet upgrade from SGLang 0.5.10 to 0.5.23 on a two-host lab (5-6 minutes): not part of make test (its budget).
+# moefleet upgrade from SGLang 0.5.10 to 0.5.23: on a two-host lab (5-6 minutes), and the routed 3-worker fleet under
+# load (the router lab's upgrade variant, about 24 minutes), side by side. Not part of make test (its budget).
 test-upgrade: setup
 	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
-	$(BIN)/python tests/suite.py lab-upgrade
+	$(BIN)/python tests/suite.py lab-upgrade lab-router-upgrade
 
 # The edit-test loop (about 8 minutes): lint, unit and oracle tests, and one traced deploy on a lab host.
 check: setup
