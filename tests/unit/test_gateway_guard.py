@@ -189,15 +189,24 @@ def test_the_program_reads_the_key_from_the_gateways_credential_and_acts(fleet, 
     _, config = fleet
     (tmp_path / "guard.json").write_text(json.dumps(config))
     (tmp_path / "smg-secrets").write_text(f"# a comment\nCONTROL_PLANE_KEY={ADMIN}\nWORKER_API_KEY=\n")
+    # Unbuffered, its lines read as they come: stopped as soon as the gateway saw the DELETE, the program had not
+    # always printed why yet (a loaded machine: CI16), and a buffered line dies with it.
     proc = subprocess.Popen([sys.executable, str(GUARD), str(tmp_path / "guard.json"), str(tmp_path / "smg-secrets")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 30  # a bound on a hung program, not a measure
-        while not Smg.deleted and time.monotonic() < deadline and proc.poll() is None:
+        while (not Smg.deleted or not any(f"{SICK} is unfit" in line for line in lines)) \
+                and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=10)[0]
+        proc.wait(timeout=10)
+        reader.join(10)
+        out = "".join(lines)
     assert Smg.deleted[:1] == ["w-1"], out
     assert "the gateway at http://127.0.0.1:" in out and f"{SICK} is unfit" in out
     assert not any(d.startswith("POST") for d in Smg.deleted)
