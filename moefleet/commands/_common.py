@@ -89,15 +89,21 @@ def utc_text(value: object) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S UTC") + ("" if zoned else LEGACY_MARK)
 
 
-def read_pasted(path: str, what: str) -> str:
-    """A pasted output's text from PATH or stdin ("-"), undecodable bytes replaced; a sentence naming the path as
-    ValueError when it cannot be read (``what``: what the file should hold, for the directory case)."""
+def read_pasted_bytes(path: str, what: str) -> bytes:
+    """A pasted file's bytes from PATH or stdin ("-"); a sentence naming the path as ValueError when it cannot be read
+    (``what``: what the file should hold, for the directory case)."""
     try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        return sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file.") from None
     except IsADirectoryError:
         raise ValueError(f"{path}: is a directory, not a file with {what}.") from None
+    except PermissionError:
+        raise ValueError(f"{path}: permission denied; run as a user who can read it.") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot be read ({err.strerror or err}).") from None
-    return data.decode("utf-8", errors="replace")
+
+
+def read_pasted(path: str, what: str) -> str:
+    """A pasted output's text from PATH or stdin ("-"), undecodable bytes replaced (read_pasted_bytes)."""
+    return read_pasted_bytes(path, what).decode("utf-8", errors="replace")

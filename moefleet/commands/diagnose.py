@@ -41,6 +41,7 @@ from ansible_collections.moefleet.serving.plugins.module_utils.host_faults impor
 from ansible_collections.moefleet.serving.plugins.module_utils.sglang_log import classify, is_log
 
 from moefleet.commands import number_problem
+from moefleet.commands._common import read_pasted_bytes
 
 EXIT_READY, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -70,18 +71,10 @@ def register(subparsers) -> None:
 def _read(path: str) -> tuple[str, float | None]:
     """The log's text and its age in seconds (None for stdin)."""
     try:
-        if path == "-":
-            data, age = sys.stdin.buffer.read(), None
-        else:
-            with open(path, "rb") as handle:
-                data = handle.read()
-            age = max(0.0, time.time() - os.stat(path).st_mtime)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file.") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a log file.") from None
-    except PermissionError:
-        raise BadInput(f"{path}: permission denied; run as a user who can read it.") from None
+        data = read_pasted_bytes(path, "a log")
+        age = None if path == "-" else max(0.0, time.time() - os.stat(path).st_mtime)
+    except ValueError as err:
+        raise BadInput(str(err)) from None
     except OSError as err:
         raise BadInput(f"{path}: cannot be read ({err.strerror or err}).") from None
     name = "stdin" if path == "-" else path
