@@ -6,6 +6,7 @@ they run a command on a lab host: ssh with the ssh_config sim/lab/lab.py wrote f
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,13 @@ def on_host(inventory: str | Path, host: str, command: str, timeout: float = 300
     result = subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), host, command], text=True,
                             capture_output=True, timeout=timeout)
     return result.stdout + result.stderr
+
+
+def journal_times(inventory: str | Path, host: str, identifier: str) -> list[float]:
+    """When each run of an Ansible module logged itself on a lab host (its journal, in seconds since the epoch):
+    ``identifier`` is the module's syslog tag, ansible-ansible.builtin.pip for instance."""
+    out = on_host(inventory, host, f"journalctl -t {identifier} -o json --output-fields=__REALTIME_TIMESTAMP")
+    return [int(json.loads(line)["__REALTIME_TIMESTAMP"]) / 1e6 for line in out.splitlines() if line.startswith("{")]
 
 
 def no_host_contacted(run: subprocess.CompletedProcess, first_changing_play: str) -> str:

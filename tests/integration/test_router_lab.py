@@ -24,7 +24,9 @@ first while the gate between batches asks it, other devices' PCIe lines, an old 
 whose correctness gate sees realistic thoughts). With MOEFLEET_ROUTED_UPGRADE=1 (make test-upgrade) that rollout is
 the upgrade of the fleet from SGLang 0.5.10 to 0.5.23 (`moefleet upgrade`'s rollout, old against new measured on a
 busy machine): no request fails, every worker ends on 0.5.23, and the report shows both releases' numbers per worker.
-No worker holds the gateway's admin key.
+Before it in that mode, two upgrades under load stop at the canary: a 0.5.23 that serves 1.5 times slower is measured
+and switched back without pip, and one that answers garbage is stopped by the correctness gate; no request fails and
+the other workers are untouched. No worker holds the gateway's admin key.
 
 Cost (2026-12-05, the job alone on the 2-core machine from a fresh clone, with the upgrade: 23.2 minutes and 15.1
 CPU-minutes in all, the installed-base image built in the fixture): the fixture 233 s, (1) 144 s, the key rotation
@@ -61,7 +63,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ansible_collections.moefleet.serving.plugins.modules import gateway_route  # noqa: E402
 from key_search import key_hits  # noqa: E402
-from playbook import ROOT, SERVE_ONLY, on_host, run_playbook, ssh_config_path  # noqa: E402
+from playbook import ROOT, SERVE_ONLY, journal_times, on_host, run_playbook, ssh_config_path  # noqa: E402
 from router_load import Load, percentile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "callbacks"))
@@ -918,6 +920,62 @@ def test_a_rollout_that_rotates_the_key_completes(routed_lab, tmp_path, monkeypa
     for url in urls.values():
         found, attempts, routed, error = gateway_route.wait_routed(router_url, url, "kimi-k2.6", NEW_KEY, 30)
         assert found, (url, attempts, routed, error)
+
+
+def _upgrade_stopped_at_the_canary(inventory: Path, router_url: str, tmp_path: Path, fault: dict) -> dict:
+    """`moefleet upgrade --to NEW`'s rollout at tp8 under load through the gateway, with ``fault`` in NEW (the
+    simulator's release fault: NEW misbehaves, OLD serves healthily in the same environment): it fails at the canary,
+    which serves OLD's unit again, while no request fails and no other worker is touched. The canary's report row."""
+    report = tmp_path / "upgrade"
+    faults = json.dumps({"sim_faults": [{**fault, "release": NEW}]})
+    result, load = _rollout_under_load(inventory, router_url, "profile=tp8", UPGRADE, faults,
+                                       f"moefleet_report_path={report}", serve_only=False)
+    assert result.returncode != 0, result.stdout[-4000:]
+    assert load["failed"] == 0 and load["sent"] >= CHUNK, load
+    data = json.loads(report.with_suffix(".json").read_text())
+    jsonschema.validate(data, REPORT_SCHEMA)
+    rows = {row["host"]: row for row in data["hosts"]}
+    assert data["result"] != "complete" and len(rows) == len(WORKERS), data
+    canary = [h for h in WORKERS if rows[h]["outcome"] != "untouched"]
+    assert len(canary) == 1, rows  # the first batch's one host; the others untouched
+    host = canary[0]
+    assert (rows[host]["outcome"], rows[host]["serving_profile"]) == ("restored", "tp8"), rows[host]
+    assert {h: _release_of(inventory, h) for h in WORKERS} == {h: f"{OLD} in {OLD}" for h in WORKERS}
+    assert on_host(inventory, host, "ls /opt/sglang").split() == [OLD, NEW]
+    return {"host": host, **rows[host], "markdown": " ".join(report.with_suffix(".md").read_text().split())}
+
+
+@pytest.mark.skipif(not ROUTED_UPGRADE, reason="make test-upgrade's mode (MOEFLEET_ROUTED_UPGRADE=1)")
+def test_a_slower_release_is_switched_back_at_the_canary_behind_the_gateway(routed_lab, tmp_path, record_property):
+    """`moefleet upgrade --to 0.5.23` of the routed fleet under load, 0.5.23 serving 1.5 times slower (the simulator's
+    release fault; 1.5 as in test_upgrade_lab.py, whose docstring says why not 1.2 on a busy machine): the canary
+    installs 0.5.23 beside 0.5.10 while it is out of the gateway, is measured old against new at tp8, is judged
+    slower and switched back to 0.5.10's unit without pip; the rollout stops there, the other workers untouched, no
+    request failed, and the report says why."""
+    inventory, router_url = routed_lab
+    canary = _upgrade_stopped_at_the_canary(inventory, router_url, tmp_path, {"fault": "slow", "factor": 1.5})
+    host, compared = canary["host"], canary["release_compare"]
+    record_property("figure", f"router lab: a slower {NEW} stopped at the canary {host} in {canary['seconds']} s: "
+                              f"{compared and compared['reason']}")
+    assert compared and compared["verdict"] == "slower", compared
+    assert compared["reason"].startswith(f"SGLang {NEW} is slower than {OLD} on {host}: "), compared
+    assert f"SGLang {NEW} is slower than {OLD} on {host}" in canary["message"], canary["message"]
+    assert "[slower: switched back]" in canary["markdown"], canary["markdown"][-2000:]
+    # no pip once the comparison began: the switch back was the last good unit and systemd
+    pips = journal_times(inventory, host, "ansible-ansible.builtin.pip")
+    measured = journal_times(inventory, host, "ansible-moefleet.serving.sglang_speed")
+    assert len(measured) >= 2 and pips and max(pips) < min(measured[-2:]), (pips, measured)
+
+
+@pytest.mark.skipif(not ROUTED_UPGRADE, reason="make test-upgrade's mode (MOEFLEET_ROUTED_UPGRADE=1)")
+def test_a_release_that_answers_garbage_is_stopped_by_the_gate_behind_the_gateway(routed_lab, tmp_path):
+    """The same upgrade with 0.5.23 answering garbage: the canary's correctness gate stops it before any comparison
+    (0.5.23's virtualenv is there from the test before: nothing to install), the canary serves 0.5.10 again, the
+    other workers are untouched and no request fails."""
+    inventory, router_url = routed_lab
+    canary = _upgrade_stopped_at_the_canary(inventory, router_url, tmp_path, {"fault": "garbage"})
+    assert "answers wrongly" in canary["message"], canary["message"]
+    assert canary["release_compare"] is None  # the gate stopped it before its benchmark
 
 
 def test_healthy_but_unusual_hosts_are_left_alone(routed_lab, tmp_path, record_property):

@@ -33,7 +33,7 @@ import jsonschema
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from playbook import on_host  # noqa: E402
+from playbook import journal_times, on_host  # noqa: E402
 
 from moefleet import cli  # noqa: E402
 
@@ -73,12 +73,6 @@ def release_of(inventory: Path, host: str) -> str:
     unit = on_host(inventory, host, "systemctl cat sglang.service")
     venv = re.search(r"/opt/sglang/([0-9.]+)/bin/python -m sglang", unit)
     return f"{version} in {venv.group(1) if venv else '?'}"
-
-
-def journal_times(inventory: Path, host: str, identifier: str) -> list[float]:
-    """When each run of an Ansible module logged itself on the host (its journal, in seconds)."""
-    out = on_host(inventory, host, f"journalctl -t {identifier} -o json --output-fields=__REALTIME_TIMESTAMP")
-    return [int(json.loads(line)["__REALTIME_TIMESTAMP"]) / 1e6 for line in out.splitlines() if line.startswith("{")]
 
 
 def test_the_canary_serves_tp8_on_0_5_10_first(lab_inventory, tmp_path, capsys):
