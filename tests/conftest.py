@@ -1,6 +1,15 @@
 # pytest puts this directory on sys.path (rootdir conftest, no __init__.py), so tests can import the
 # helpers beside it (readiness_module.py).
 
+import contextlib
+import os
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
 
 def pytest_terminal_summary(terminalreporter):
     """The figures tests measured, printed at the end of the pytest run. pytest shows a passing test's output nowhere,
@@ -14,3 +23,59 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "figures measured")
         for line in lines:
             terminalreporter.write_line(f"figure: {line}")
+    if _COSTS:
+        terminalreporter.write_sep("-", "what each lab test cost (wall, CPU on the controller, CPU in its lab hosts)")
+        per_file: dict[str, list[float]] = {}
+        for nodeid, wall, controller, hosts in sorted(_COSTS, key=lambda c: -(c[2] + c[3])):
+            terminalreporter.write_line(f"cost: {wall:6.1f} s wall {controller:6.1f} + {hosts:6.1f} CPU-s  {nodeid}")
+            totals = per_file.setdefault(nodeid.split("::")[0], [0.0, 0.0, 0.0])
+            for i, value in enumerate((wall, controller, hosts)):
+                totals[i] += value
+        for path, (wall, controller, hosts) in sorted(per_file.items(), key=lambda f: -(f[1][1] + f[1][2])):
+            terminalreporter.write_line(f"cost: {wall:6.1f} s wall {controller:6.1f} + {hosts:6.1f} CPU-s  {path} "
+                                        "(the file)")
+
+
+# What each lab test costs: its wall time, the CPU of this pytest process and of the programs it ran and waited
+# for (ansible-playbook, ssh, lab.py: the controller), and the CPU its job's lab hosts used meanwhile (their
+# containers' cgroup counters; under tests/suite.py only the containers its own job brought up, by their
+# moefleet.suite-job label). A module-scoped fixture's set-up counts in its first test. Printed at the end of the
+# run, most expensive first (`cost:` lines), so that a lab file's docstring can state what it costs, measured.
+_CPUACCT = Path("/sys/fs/cgroup/cpuacct/libpod_parent")  # cgroup v1, podman's cgroupfs manager (LAB-NOTES)
+_LABELS: dict[str, str] = {}
+_COSTS: list[tuple[str, float, float, float]] = []
+
+
+def _controller_cpu() -> float:
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _host_counters() -> dict[str, float]:
+    job = os.environ.get("MOEFLEET_SUITE_JOB", "")
+    found = {}
+    for counter in _CPUACCT.glob("libpod-*/cpuacct.usage"):
+        cid = counter.parent.name.removeprefix("libpod-")
+        if cid not in _LABELS:
+            from playbook import lab_module  # tests/playbook.py: the lab's own podman settings
+
+            out = subprocess.run(["podman", "inspect", "--format", '{{index .Config.Labels "moefleet.suite-job"}}',
+                                  cid], env=lab_module().podman_env(), capture_output=True, text=True)
+            _LABELS[cid] = out.stdout.strip() if out.returncode == 0 else "?"
+        if job and _LABELS[cid] != job:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            found[cid] = int(counter.read_text()) / 1e9
+    return found
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("lab") is None or not _CPUACCT.is_dir():
+        yield
+        return
+    began, cpu, hosts = time.monotonic(), _controller_cpu(), _host_counters()
+    yield
+    after = _host_counters()  # a container gone meanwhile (a lab taken down) loses what it used since `began`
+    in_hosts = sum(v - hosts.get(cid, 0.0) for cid, v in after.items())
+    _COSTS.append((item.nodeid, time.monotonic() - began, _controller_cpu() - cpu, in_hosts))

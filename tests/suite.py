@@ -57,15 +57,16 @@ JOBS: dict[str, list[str]] = {
     "lab-router": _pytest("-m", "lab", "--durations=0", "--durations-min=5", ROUTER_LAB),
     "molecule-rollback": _molecule("rollback"),
     "molecule-fleet": _molecule("fleet"),
-    # The tests without a lab, in two jobs: the simulator's (which wait on its clock more than they compute: 1.2
-    # CPU-minutes in 6.9 minutes, WAITING below) beside the rest (which compute: 5 CPU-minutes, in two processes
-    # (pytest-xdist, a file's tests in one of them), so that it does not run on one core at the end of make check).
+    # The tests without a lab, in two jobs: the simulator's (which wait on its clock more than they compute: 1.5
+    # CPU-minutes in 6.8 minutes in one process, so in four (pytest-xdist, a file's tests in one of them): 3.1
+    # minutes; WAITING below) beside the rest (which compute: 5 CPU-minutes, in two processes, so that it does not run
+    # on one core at the end of make check).
     "unit": _pytest("-n", "2", "--dist", "loadfile", "-m", "not lab and not oracle", "tests",
                     *(f"--ignore={d}" for d in SIM_TESTS)),
     "molecule-install": _molecule("install"),
     "oracle": _pytest("-m", "oracle", "tests/oracle"),
     "lint": ["make", "--no-print-directory", "lint"],
-    "sim": _pytest("-m", "not lab and not oracle", *SIM_TESTS),
+    "sim": _pytest("-n", "4", "--dist", "loadfile", "-m", "not lab and not oracle", *SIM_TESTS),
     # make check's lab part: one traced deploy (the "lab" job runs the same file within the whole lab suite).
     "lab-deploy": _pytest("-m", "lab", "-s", "tests/integration/test_deploy_trace_lab.py"),
     # make test-upgrade: moefleet upgrade on a lab of its own (5-6 minutes; not in make test, whose 35 minutes it

@@ -427,8 +427,11 @@ def test_second_build_is_a_fast_no_op(lab):
     assert warm < 2.0, f"a no-change build took {warm:.1f} s (cold: {cold:.1f} s)"
 
 
-def test_changed_input_rebuilds_only_its_part_with_the_same_key(lab, tmp_path):
+def test_changed_input_rebuilds_only_its_part_with_the_same_key(lab, tmp_path_factory):
     out, inputs, _ = lab
+    # a short directory: gpg-agent's sockets live in the key directory, and a socket's path has at most 107
+    # characters (this test's own tmp_path, under pytest-xdist's popen-gwN/, left the agent one too few)
+    tmp_path = tmp_path_factory.mktemp("re")
     copy = tmp_path / "lab" / "mirror"
     shutil.copytree(out.parent, copy.parent, symlinks=True)
     changed = tmp_path / "sim"
