@@ -73,7 +73,8 @@ JOBS: dict[str, list[str]] = {
     # does not fit: tests/integration/test_upgrade_lab.py says why).
     "lab-upgrade": _pytest("-m", "upgrade_lab", "--durations=0", "tests/integration/test_upgrade_lab.py"),
     # make test-upgrade too: the router lab with its healthy-but-unusual hosts' rollout made the fleet's upgrade to
-    # 0.5.23 under load (about 24 minutes alone; in make test it made the router lab 36.7 minutes long).
+    # 0.5.23 under load, after a slower and a garbage 0.5.23 stopped at the canary (about 28 minutes alone; the upgrade
+    # alone made the router lab 36.7 minutes long in make test).
     "lab-router-upgrade": ["env", "MOEFLEET_ROUTED_UPGRADE=1",
                            *_pytest("-m", "lab", "--durations=0", "--durations-min=5", ROUTER_LAB)],
 }

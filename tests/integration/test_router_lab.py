@@ -31,7 +31,9 @@ the other workers are untouched. No worker holds the gateway's admin key.
 Cost (2026-12-05, the job alone on the 2-core machine from a fresh clone, with the upgrade: 23.2 minutes and 15.1
 CPU-minutes in all, the installed-base image built in the fixture): the fixture 233 s, (1) 144 s, the key rotation
 191 s, the upgrade with the healthy-but-unusual hosts 289 s (that rollout without the upgrade: 212 s), the rest under
-75 s each. Inside make test (fresh-clone run of 2026-12-05, beside a helper's lab test) the upgrade took 582 s and the
+75 s each. The upgrades stopped at the canary (make test-upgrade only; alone, with the fixture, (1), the rotation and
+the healthy upgrade, 2026-12-05): the slower release 131 s (its pip install of 0.5.23 and the comparison), the garbage
+one 101 s; the healthy upgrade after them 318 s. Inside make test (fresh-clone run of 2026-12-05, beside a helper's lab test) the upgrade took 582 s and the
 job 36.7 minutes, past the suite's 35: make test runs the rollout without it. Earlier
 (issue 33, alone: 20.9 minutes in all): the fixture (3 workers from the installed
 base, tp8 on each, no gateway) 170 s, (1) 161 s (the drains of servers on loopback find nothing to wait for; the
