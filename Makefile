@@ -98,7 +98,8 @@ test: setup
 	$(BIN)/python tests/suite.py
 
 # moefleet upgrade from SGLang 0.5.10 to 0.5.23: on a two-host lab (5-6 minutes), and the routed 3-worker fleet under
-# load (the router lab's upgrade variant with a slower, a garbage and a healthy release, about 28 minutes), side by side. Not part of make test (its budget).
+# load (the router lab's upgrade variant with a slower, a garbage and a healthy release, about 28 minutes), side by
+# side. Not part of make test (its budget).
 test-upgrade: setup
 	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
 	$(BIN)/python tests/suite.py lab-upgrade lab-router-upgrade
