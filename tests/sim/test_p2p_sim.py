@@ -231,7 +231,8 @@ def test_redirect_off_the_pairs_path_does_not_hang(host):
 def test_a_hang_can_leave_the_gpus_stuck_until_a_reboot(host, mode):
     _, run_dir, set_state = host
     set_state(acs="redirect", after_hang=mode)
-    assert allreduce([0, 1], P2P)[0]["result"] == "hang"
+    run = allreduce([0, 1], P2P)[0]
+    assert run["result"] == "hang", run
     query = ["--query-gpu=index,utilization.gpu,power.draw", "--format=csv,noheader,nounits"]
     smi = tool(NVIDIA_SMI, *query, check=False)
     if mode == "busy":
