@@ -96,13 +96,16 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct/libpod_parent")  # cgroup v1, podman's cg
 
 class HostCpu(threading.Thread):
     """CPU seconds used inside each job's lab hosts: every container's cgroup counter, read every 2 s until the
-    container is gone, summed by its moefleet.suite-job label (sim/lab/lab.py sets it from MOEFLEET_SUITE_JOB)."""
+    container is gone, summed by its moefleet.suite-job label (sim/lab/lab.py sets it from MOEFLEET_SUITE_JOB); and
+    how many cores the whole machine kept busy in each two minutes."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.last: dict[str, float] = {}  # container id -> its counter when last read
         self.job: dict[str, str] = {}
         self.done = threading.Event()
+        self.window = (time.monotonic(), _machine_cpu())
+        self.cores: list[float] = []  # cores busy on average in each two minutes of the run
 
     def _label(self, cid: str) -> str:
         out = subprocess.run(["podman", "inspect", "--format", '{{index .Config.Labels "moefleet.suite-job"}}',
@@ -120,6 +123,11 @@ class HostCpu(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(2):
             self.sample()
+            now = time.monotonic()
+            if now - self.window[0] >= 120:  # the machine's use, two minutes at a time
+                busy = _machine_cpu()
+                self.cores.append((busy - self.window[1]) / (now - self.window[0]))
+                self.window = (now, busy)
 
     def by_job(self) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -235,6 +243,8 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
     outcome = f"failed at {', '.join(failed_too) or failed}" if failed else "all passed"
     print(f"\nsuite: {outcome} after {(time.monotonic() - started) / 60:.1f} min ({slots} at a time); the machine "
           f"was busy {(_machine_cpu() - busy) / 60:.1f} CPU-min")
+    # Where the suite left cores idle (on 2 cores its length is about its CPU over two only while both are busy).
+    print(f"  cores busy, each two minutes: {' '.join(f'{c:.1f}' for c in hosts.cores)}")
     print(f"  {'job':<20} {'wall':>8} {'CPU: controller':>16} {'lab hosts':>10}")
     for name in names:
         if name not in took:
