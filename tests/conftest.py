@@ -76,6 +76,8 @@ def pytest_runtest_protocol(item, nextitem):
         return
     began, cpu, hosts = time.monotonic(), _controller_cpu(), _host_counters()
     yield
-    after = _host_counters()  # a container gone meanwhile (a lab taken down) loses what it used since `began`
-    in_hosts = sum(v - hosts.get(cid, 0.0) for cid, v in after.items())
+    # A container gone meanwhile (a lab taken down) loses what it used since `began`; one restarted (a reboot) counts
+    # from zero again: what it used since.
+    after = _host_counters()
+    in_hosts = sum(v - hosts.get(cid, 0.0) if v >= hosts.get(cid, 0.0) else v for cid, v in after.items())
     _COSTS.append((item.nodeid, time.monotonic() - began, _controller_cpu() - cpu, in_hosts))
