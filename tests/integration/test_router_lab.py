@@ -28,17 +28,14 @@ Before it in that mode, two upgrades under load stop at the canary: a 0.5.23 tha
 and switched back without pip, and one that answers garbage is stopped by the correctness gate; no request fails and
 the other workers are untouched. No worker holds the gateway's admin key.
 
-Cost (2026-12-05, the job alone on the 2-core machine from a fresh clone, with the upgrade: 23.2 minutes and 15.1
-CPU-minutes in all, the installed-base image built in the fixture): the fixture 233 s, (1) 144 s, the key rotation
-191 s, the upgrade with the healthy-but-unusual hosts 289 s (that rollout without the upgrade: 212 s), the rest under
-75 s each. The upgrades stopped at the canary (make test-upgrade only; alone, with the fixture, (1), the rotation and
-the healthy upgrade, 2026-12-05): the slower release 131 s (its pip install of 0.5.23 and the comparison), the garbage
-one 101 s; the healthy upgrade after them 318 s. Inside make test (fresh-clone run of 2026-12-05, beside a helper's lab test) the upgrade took 582 s and the
-job 36.7 minutes, past the suite's 35: make test runs the rollout without it. Earlier
-(issue 33, alone: 20.9 minutes in all): the fixture (3 workers from the installed
-base, tp8 on each, no gateway) 170 s, (1) 161 s (the drains of servers on loopback find nothing to wait for; the
-rollout itself 126 s), the healthy-but-unusual test 212 s, the key rotation 191 s, (2) 73 s, (5) 74 s, monitoring
-69 s, the hang 63 s; the rest under 45 s each. Earlier (issue 23, beside two other jobs): 14.9 minutes in all.
+Cost in make test (fresh-clone run CI18, 2026-12-05, beside two other jobs; wall, then CPU on the controller + in the
+lab hosts, the `cost:` lines tests/conftest.py prints): 28.4 minutes, 6.3 + 8.5 CPU-minutes. The fixture with (1) 529 s,
+129 + 145 CPU-s; the healthy-but-unusual rollout 225 s, 54 + 102; the key rotation 223 s, 45 + 88; monitoring 116 s,
+17 + 67 (its packages' installs); (2) 98 s, 29 + 37; (5) 96 s, 27 + 30; the rest under 75 s and 30 CPU-s each.
+With the upgrade (make test-upgrade; alone from a fresh clone, 2026-12-05): 23.2 minutes without the two upgrades
+stopped at the canary, which cost 131 s (the slower release: its pip install of 0.5.23 and the comparison) and 101 s
+(the garbage one); the healthy upgrade 289-318 s. Inside make test the upgrade took 582 s and made the job 36.7
+minutes long, which is why make test runs that rollout without it.
 """
 
 from __future__ import annotations
