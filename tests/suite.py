@@ -66,10 +66,6 @@ JOBS: dict[str, list[str]] = {
     "oracle": _pytest("-m", "oracle", "tests/oracle"),
     "lint": ["make", "--no-print-directory", "lint"],
     "sim": _pytest("-m", "not lab and not oracle", *SIM_TESTS),
-    # make check's: the same tests in four processes (3.1 minutes alone instead of 6.8), for the edit-test loop's 8
-    # minutes. Not in make test, where its length does not matter (it takes no slot) and where, beside three lab jobs
-    # (load average 15), two of its timing tests failed in four processes (2026-12-05, CI17).
-    "sim-parallel": _pytest("-n", "4", "--dist", "loadfile", "-m", "not lab and not oracle", *SIM_TESTS),
     # make check's lab part: one traced deploy (the "lab" job runs the same file within the whole lab suite).
     "lab-deploy": _pytest("-m", "lab", "-s", "tests/integration/test_deploy_trace_lab.py"),
     # make test-upgrade: moefleet upgrade on a lab of its own (5-6 minutes; not in make test, whose 35 minutes it
@@ -84,8 +80,8 @@ JOBS: dict[str, list[str]] = {
 # Jobs that mostly wait take no slot: they start at once beside the others. On 2 cores the suite is as long as its
 # CPU over two, except at its end, when fewer jobs run than cores: a waiting job left for the end lengthened it by
 # most of its own wall time (the sim job ran alone beside unit for the last 7 minutes of the 2026-12-05 runs).
-WAITING = {"sim", "sim-parallel"}
-CHECK_ONLY = {"sim-parallel", "lab-deploy", "lab-upgrade", "lab-router-upgrade"}  # not in make test
+WAITING = {"sim"}
+CHECK_ONLY = {"lab-deploy", "lab-upgrade", "lab-router-upgrade"}  # not in make test
 # A scenario added under molecule/ runs too, after the others, until it is given its place above.
 for _scenario in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml")):
     JOBS.setdefault(f"molecule-{_scenario}", _molecule(_scenario))

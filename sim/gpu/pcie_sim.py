@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -336,7 +337,9 @@ def mark_stuck(gpus: list[int], mode: str, run: str | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     known = stuck_gpus(str(directory))
     known.update(dict.fromkeys(gpus, mode))
-    partial = directory / f"p2p-stuck.json.{os.getpid()}"
+    # one partial file per writer: the stand-in backend's ranks are threads of one process, and two of them hang at
+    # once (a shared partial file was renamed away under the second, which failed its rank: CI17, make check)
+    partial = directory / f"p2p-stuck.json.{os.getpid()}.{threading.get_ident()}"
     partial.write_text(json.dumps({"gpus": sorted(known), "mode": mode}) + "\n")
     partial.replace(directory / "p2p-stuck.json")
 
