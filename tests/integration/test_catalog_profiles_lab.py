@@ -3,6 +3,10 @@
 (docs/correctness-gate.md), one after the other.
 
 Cost (measured beside the simulator tests): 27-40 s a profile, about 4.5 minutes for the eight.
+
+Measured in make test (fresh-clone run CI18, 2026-12-05, the lab job beside two others; wall, then CPU on the controller
++ in the lab hosts, tests/conftest.py's `cost:` lines): 330 s wall, 109 + 87 CPU-s (eight serve-only deploys with the
+gate: about 24 CPU-s each).
 """
 
 from __future__ import annotations

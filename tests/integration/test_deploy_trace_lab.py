@@ -12,6 +12,10 @@ installed-base image, as in make check's lab-deploy job) or serves tp2ep4 alread
 
 Cost (a fresh-clone make test, beside two other jobs): 123 s with the tp8 deploy, which the lab job no longer runs
 (the tests before leave itest-1 serving another profile; ~40 s and ~20 CPU-seconds less).
+
+Measured in make test (fresh-clone run CI18, 2026-12-05, the lab job beside two others; wall, then CPU on the controller
++ in the lab hosts, tests/conftest.py's `cost:` lines): 66 s wall, 19 CPU-s on the controller (the profile switch only:
+itest-1 already served).
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ restored and stops there too. The tests run in file order: each starts where the
 Cost (a fresh-clone make test, beside two other jobs): the clean rollout (--serve-only) on the installed base 169 s
 (the lab's start 171 s, the installed-base image built in it), the canary OOM 83 s, the garbage canary 73 s
 (measured beside a stress run: a serve-only start of pp8, the gate, the restore, two status runs).
+
+Measured in make test (fresh-clone run CI18, 2026-12-05, the lab job beside two others; wall, then CPU on the controller
++ in the lab hosts, tests/conftest.py's `cost:` lines): 246 s wall, 76 + 59 CPU-s (the clean rollout 124 s, 35 + 27; the
+garbage canary 65 s, 22 + 17; the canary OOM 57 s, 19 + 15).
 """
 
 from __future__ import annotations
