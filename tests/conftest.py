@@ -4,11 +4,10 @@
 import contextlib
 import os
 import resource
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
+from suite import CPUACCT, suite_job_of  # tests/suite.py: the lab hosts' cgroup counters and their job's label
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -41,7 +40,6 @@ def pytest_terminal_summary(terminalreporter):
 # containers' cgroup counters; under tests/suite.py only the containers its own job brought up, by their
 # moefleet.suite-job label). A module-scoped fixture's set-up counts in its first test. Printed at the end of the
 # run, most expensive first (`cost:` lines), so that a lab file's docstring can state what it costs, measured.
-_CPUACCT = Path("/sys/fs/cgroup/cpuacct/libpod_parent")  # cgroup v1, podman's cgroupfs manager (LAB-NOTES)
 _LABELS: dict[str, str] = {}
 _COSTS: list[tuple[str, float, float, float]] = []
 
@@ -54,14 +52,10 @@ def _controller_cpu() -> float:
 def _host_counters() -> dict[str, float]:
     job = os.environ.get("MOEFLEET_SUITE_JOB", "")
     found = {}
-    for counter in _CPUACCT.glob("libpod-*/cpuacct.usage"):
+    for counter in CPUACCT.glob("libpod-*/cpuacct.usage"):
         cid = counter.parent.name.removeprefix("libpod-")
         if cid not in _LABELS:
-            from playbook import lab_module  # tests/playbook.py: the lab's own podman settings
-
-            out = subprocess.run(["podman", "inspect", "--format", '{{index .Config.Labels "moefleet.suite-job"}}',
-                                  cid], env=lab_module().podman_env(), capture_output=True, text=True)
-            _LABELS[cid] = out.stdout.strip() if out.returncode == 0 else "?"
+            _LABELS[cid] = suite_job_of(cid)
         if job and _LABELS[cid] != job:
             continue
         with contextlib.suppress(OSError, ValueError):
@@ -71,7 +65,7 @@ def _host_counters() -> dict[str, float]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if item.get_closest_marker("lab") is None or not _CPUACCT.is_dir():
+    if item.get_closest_marker("lab") is None or not CPUACCT.is_dir():
         yield
         return
     began, cpu, hosts = time.monotonic(), _controller_cpu(), _host_counters()

@@ -90,6 +90,14 @@ for _scenario in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molec
 CPUACCT = Path("/sys/fs/cgroup/cpuacct/libpod_parent")  # cgroup v1, podman's cgroupfs manager (LAB-NOTES)
 
 
+def suite_job_of(cid: str) -> str:
+    """The suite job whose lab brought a container up (its moefleet.suite-job label); "" for none, or when it is gone.
+    tests/conftest.py counts each lab test's host CPU by it too."""
+    out = subprocess.run(["podman", "inspect", "--format", '{{index .Config.Labels "moefleet.suite-job"}}', cid],
+                         env=lab_module().podman_env(), capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 class HostCpu(threading.Thread):
     """CPU seconds used inside each job's lab hosts: every container's cgroup counter, read every 2 s until the
     container is gone, summed by its moefleet.suite-job label (sim/lab/lab.py sets it from MOEFLEET_SUITE_JOB); and
@@ -103,18 +111,13 @@ class HostCpu(threading.Thread):
         self.window = (time.monotonic(), _machine_cpu())
         self.cores: list[float] = []  # cores busy on average in each two minutes of the run
 
-    def _label(self, cid: str) -> str:
-        out = subprocess.run(["podman", "inspect", "--format", '{{index .Config.Labels "moefleet.suite-job"}}',
-                              cid], env=lab_module().podman_env(), capture_output=True, text=True)
-        return out.stdout.strip() if out.returncode == 0 else ""
-
     def sample(self) -> None:
         for counter in CPUACCT.glob("libpod-*/cpuacct.usage"):
             cid = counter.parent.name.removeprefix("libpod-")
             with contextlib.suppress(OSError, ValueError):
                 self.last[cid] = int(counter.read_text()) / 1e9
                 if cid not in self.job:
-                    self.job[cid] = self._label(cid)
+                    self.job[cid] = suite_job_of(cid)
 
     def run(self) -> None:
         while not self.done.wait(2):
