@@ -1,12 +1,13 @@
 """Jinja2 filters over the shared moefleet logic (plugins/module_utils), so playbooks plan, render profiles and decide
 rollbacks with the very code the CLI runs: moefleet.serving.plan, .profile_args, .sglang_release and .release_flags
-(the target SGLang release and its spelling of the flags), .fallback_ladder, .opening_attempt, .next_step,
-.rollback_summary, .history, .attempt; .p2p_preflight_step, what a deploy does with the P2P preflight's verdict,
-and .nccl_uses_p2p; .unit_with_credential and .unit_without_credential, the restored unit with
-today's key; the documents a host keeps and reports, .local_facts and .status_entry; .worker_url, the one
-composition of an SGLang server's URL; .model_flags, the served model's parsers and sampling flags; .metrics_flags,
-SGLang's metrics flags; .scrape_targets, Prometheus's targets from the inventory; and for the controller checks
-moefleet.serving.host_inputs, .origins, .playbook_input_problems, .input_problems and .outage."""
+(the target SGLang release and its spelling of the flags), .sglang_cuda_toolkit and .sglang_cuda_toolkits (the CUDA
+toolkits releases are built for), .fallback_ladder, .opening_attempt, .next_step, .rollback_summary, .history,
+.attempt; .p2p_preflight_step, what a deploy does with the P2P preflight's verdict, and .nccl_uses_p2p;
+.unit_with_credential and .unit_without_credential, the restored unit with today's key; the documents a host keeps
+and reports, .local_facts and .status_entry; .worker_url, the one composition of an SGLang server's URL;
+.model_flags, the served model's parsers and sampling flags; .metrics_flags, SGLang's metrics flags; .scrape_targets,
+Prometheus's targets from the inventory; and for the controller checks moefleet.serving.host_inputs, .origins,
+.playbook_input_problems, .input_problems and .outage."""
 
 from __future__ import annotations
 
@@ -91,6 +92,18 @@ def sglang_cuda_toolkit(release):
         raise AnsibleFilterError(f"moefleet.serving.sglang_cuda_toolkit: no CUDA toolkit is known for SGLang "
                                  f"{release!r}; supported: {', '.join(sglang_releases.SUPPORTED)}.")
     return sglang_releases.toolkit_for(release)
+
+
+def sglang_cuda_toolkits(releases):
+    """The CUDA toolkit releases (X.Y, sorted, once each) the given SGLang releases are built for; ``'supported'``:
+    those of every release moefleet supports (``'supported' | moefleet.serving.sglang_cuda_toolkits``), for the
+    uninstall, which removes whichever an upgrade left beside the pinned release's."""
+    if releases == "supported":
+        releases = sglang_releases.SUPPORTED
+    if isinstance(releases, str) or not isinstance(releases, (list, tuple)):
+        raise AnsibleFilterError(f"moefleet.serving.sglang_cuda_toolkits: give a list of SGLang releases or "
+                                 f"'supported', not {releases!r}.")
+    return sorted({sglang_cuda_toolkit(release) for release in releases})
 
 
 def release_compare_filter(before, after, tolerance, host="the host"):
@@ -459,6 +472,7 @@ class FilterModule:
             "profile_args": profile_args,
             "sglang_release": sglang_release,
             "sglang_cuda_toolkit": sglang_cuda_toolkit,
+            "sglang_cuda_toolkits": sglang_cuda_toolkits,
             "release_compare": release_compare_filter,
             "release_flags": release_flags,
             "fallback_ladder": fallback_ladder,

@@ -60,7 +60,21 @@ def test_an_operators_toolkit_is_kept_and_judged(tmp_path):
     assert "leave cuda_toolkit_version unset (it follows the pinned release: 13.0)" in problems[0]
 
 
-def test_the_uninstall_knows_every_supported_releases_toolkit():
+def test_the_uninstall_knows_every_supported_releases_toolkit(tmp_path):
+    """playbooks/uninstall.yml's _toolkits, rendered by Ansible: every supported release's toolkit, from
+    sglang_releases.STACK (the filter moefleet.serving.sglang_cuda_toolkits), not a list of its own."""
     plays = yaml.safe_load((ROOT / "playbooks" / "uninstall.yml").read_text())
-    toolkits = next(p["vars"]["_toolkits"] for p in plays if "_toolkits" in p.get("vars", {}))
-    assert sorted(toolkits) == sorted({sglang_releases.toolkit_for(r) for r in sglang_releases.SUPPORTED})
+    expression = next(p["vars"]["_toolkits"] for p in plays if "_toolkits" in p.get("vars", {}))
+    out, playbook = tmp_path / "toolkits.json", tmp_path / "toolkits.yml"
+    playbook.write_text(json.dumps([{
+        "hosts": "localhost", "connection": "local", "gather_facts": False,
+        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}", "_toolkits": expression},
+        "tasks": [{"ansible.builtin.copy": {"content": "{{ _toolkits | to_json }}", "dest": str(out), "mode": "0600"}}],
+    }]))
+    done = run_playbook("localhost,", str(playbook), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    expected = sorted({sglang_releases.toolkit_for(r) for r in sglang_releases.SUPPORTED})
+    assert json.loads(out.read_text()) == expected == ["12.9", "13.0"]
+    bad = run_playbook("localhost,", str(playbook), json.dumps({"_toolkits": "{{ '0.5.10' | "
+                                                                "moefleet.serving.sglang_cuda_toolkits }}"}))
+    assert bad.returncode != 0 and "give a list of SGLang releases or 'supported'" in bad.stdout + bad.stderr
