@@ -111,7 +111,7 @@ test-upgrade: setup
 # The edit-test loop (about 8 minutes): lint, unit and oracle tests, and one traced deploy on a lab host.
 check: setup
 	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
-	$(BIN)/python tests/suite.py --jobs 4 lint unit sim oracle lab-deploy
+	$(BIN)/python tests/suite.py --jobs 4 lint unit sim-parallel oracle lab-deploy
 
 
 sim-image: setup

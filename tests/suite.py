@@ -66,6 +66,11 @@ JOBS: dict[str, list[str]] = {
     "oracle": _pytest("-m", "oracle", "tests/oracle"),
     "lint": ["make", "--no-print-directory", "lint"],
     "sim": _pytest("-m", "not lab and not oracle", *SIM_TESTS),
+    # make check's: the same tests in two processes (a file's tests in one of them). Alone on 2 cores they take 3.5
+    # minutes so, 6.8 in one; in make check one process was its last 3 minutes, one core idle (2026-12-06: 8.9 of 8.9
+    # minutes). Not in make test, where it would run beside three lab jobs: there, in four processes (CI17), the
+    # simulator's timing tests failed at a load average of 15.
+    "sim-parallel": _pytest("-n", "2", "--dist", "loadfile", "-m", "not lab and not oracle", *SIM_TESTS),
     # make check's lab part: one traced deploy (the "lab" job runs the same file within the whole lab suite).
     "lab-deploy": _pytest("-m", "lab", "-s", "tests/integration/test_deploy_trace_lab.py"),
     # make test-upgrade: moefleet upgrade on a lab of its own (5-6 minutes; not in make test, whose 35 minutes it
@@ -80,8 +85,8 @@ JOBS: dict[str, list[str]] = {
 # Jobs that mostly wait take no slot: they start at once beside the others. On 2 cores the suite is as long as its
 # CPU over two, except at its end, when fewer jobs run than cores: a waiting job left for the end lengthened it by
 # most of its own wall time (the sim job ran alone beside unit for the last 7 minutes of the 2026-12-05 runs).
-WAITING = {"sim"}
-CHECK_ONLY = {"lab-deploy", "lab-upgrade", "lab-router-upgrade"}  # not in make test
+WAITING = {"sim", "sim-parallel"}
+CHECK_ONLY = {"sim-parallel", "lab-deploy", "lab-upgrade", "lab-router-upgrade"}  # not in make test
 # A scenario added under molecule/ runs too, after the others, until it is given its place above.
 for _scenario in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml")):
     JOBS.setdefault(f"molecule-{_scenario}", _molecule(_scenario))
