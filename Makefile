@@ -18,8 +18,8 @@ SETUP_STAMP := $(VENV)/.setup-done
 # CPU-s on a fresh clone, seconds every CI run waited for before its first test. uv reads neither pip.conf nor
 # pip's constraints: the extra pins what it needs from PyPI itself. pip installs it when uv cannot.
 # --compile-bytecode writes the .pyc files pip writes by default and uv does not: where PYTHONDONTWRITEBYTECODE is
-# set (as it is on this machine), Python never writes them itself, and every ansible-playbook, molecule and pytest process
-# compiled Ansible's and the other packages' sources again (0.8 of the 2.9 CPU-s of a validate run; the unit tests
+# set (as it is on this machine), Python never writes them itself, and every ansible-playbook, molecule and pytest
+# process compiled Ansible's and the other packages' sources again (a validate run 2.9 -> 2.1 CPU-s, the unit tests
 # 345 -> 278 CPU-s with them compiled). About 25 CPU-s, once per fresh venv.
 UV_VERSION := 0.13.9
 # The clone is the collection moefleet.serving: Ansible finds it through this link (ansible.cfg's
@@ -43,7 +43,8 @@ setup: $(SETUP_STAMP)
 $(SETUP_STAMP): pyproject.toml requirements.yml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q uv==$(UV_VERSION) && $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e '.[dev]' \
+	$(BIN)/pip install -q uv==$(UV_VERSION) \
+	  && $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e '.[dev]' \
 	  || $(BIN)/pip install -q -e '.[dev]'
 	@$(BIN)/ansible-galaxy collection install -r requirements.yml --offline >/dev/null 2>&1 || { \
 	  echo "setup: a collection in requirements.yml is not bundled with the pinned ansible package and" \
@@ -108,7 +109,7 @@ test-upgrade: setup
 	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
 	$(BIN)/python tests/suite.py lab-upgrade lab-router-upgrade
 
-# The edit-test loop (about 8 minutes): lint, unit and oracle tests, and one traced deploy on a lab host.
+# The edit-test loop (about 8 minutes): lint, unit, simulator and oracle tests, and one traced deploy on a lab host.
 check: setup
 	@$(MAKE) --no-print-directory -j3 $(SUITE_INPUTS)
 	$(BIN)/python tests/suite.py --jobs 4 lint unit sim-parallel oracle lab-deploy

@@ -45,6 +45,7 @@ def _pytest(*args: str) -> list[str]:
 
 ROUTER_LAB = "tests/integration/test_router_lab.py"
 SIM_TESTS = ("tests/sim", "tests/sim_hub", "tests/sim_mirrors", "tests/bench")
+SIM_SELECTION = ("-m", "not lab and not oracle", *SIM_TESTS)
 
 # In the order they start, longest first (a fresh-clone run of 2026-12-05, three at a time: lab-router 28 minutes, lab
 # 23, molecule-rollback (its recovery tests included) 15, molecule-default 12, fleet 10, unit 6, install 5, oracle 3,
@@ -65,12 +66,12 @@ JOBS: dict[str, list[str]] = {
     "molecule-install": _molecule("install"),
     "oracle": _pytest("-m", "oracle", "tests/oracle"),
     "lint": ["make", "--no-print-directory", "lint"],
-    "sim": _pytest("-m", "not lab and not oracle", *SIM_TESTS),
+    "sim": _pytest(*SIM_SELECTION),
     # make check's: the same tests in two processes (a file's tests in one of them). Alone on 2 cores they take 3.5
-    # minutes so, 6.8 in one; in make check one process was its last 3 minutes, one core idle (2026-12-06: 8.9 of 8.9
-    # minutes). Not in make test, where it would run beside three lab jobs: there, in four processes (CI17), the
-    # simulator's timing tests failed at a load average of 15.
-    "sim-parallel": _pytest("-n", "2", "--dist", "loadfile", "-m", "not lab and not oracle", *SIM_TESTS),
+    # minutes that way and 6.8 in one process; in make check the one process was its last 3 minutes, with a core idle
+    # (2026-12-06: 8.9 of 8.9 minutes). Not in make test, where it would run beside three lab jobs: there, in four
+    # processes (CI17), the simulator's timing tests failed at a load average of 15.
+    "sim-parallel": _pytest("-n", "2", "--dist", "loadfile", *SIM_SELECTION),
     # make check's lab part: one traced deploy (the "lab" job runs the same file within the whole lab suite).
     "lab-deploy": _pytest("-m", "lab", "-s", "tests/integration/test_deploy_trace_lab.py"),
     # make test-upgrade: moefleet upgrade on a lab of its own (5-6 minutes; not in make test, whose 35 minutes it
