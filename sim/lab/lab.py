@@ -425,6 +425,9 @@ PCI_TREE_SOURCE = (Path(__file__).resolve().parents[1] / "gpu" / "pci_tree.py").
 # P2P preflight's all-reduce check (the lab's SGLang venv has no torch). Copied at every `up`.
 SIM_LIB = "/usr/local/lib/moefleet-sim"
 SIM_LIB_FILES = ("pci_tree.py", "pcie_sim.py", "p2p_backend.py", "lspci")
+# Where the system's Python (every Debian release's python3) imports sim/lab/ansiballz_bytecode.py from at each start,
+# through a .pth line of the same name: a lab speed-up of Ansible's module runs, not a part of any host moefleet serves.
+ANSIBALLZ_BYTECODE = "/usr/lib/python3/dist-packages/moefleet_lab_ansiballz_bytecode"
 # What a lab host's boot gives it that a container's does not: a boot id of its own (a container shares the machine's
 # /proc/sys/kernel/random/boot_id across its restarts; the P2P preflight's cache is keyed by the boot, so the lab
 # inventory points it here) and its kernel's IOMMU messages for the P2P state it booted in (pcie_sim.py writes them to
@@ -469,8 +472,8 @@ def prepare_host(name: str) -> None:
 
 
 def install_sim_tools(name: str) -> None:
-    """The lab's PCIe model and its tools (SIM_LIB_FILES) into SIM_LIB, lspci linked as /usr/bin/lspci, and the boot
-    unit (LAB_BOOT_UNIT), enabled."""
+    """The lab's PCIe model and its tools (SIM_LIB_FILES) into SIM_LIB, lspci linked as /usr/bin/lspci, the boot
+    unit (LAB_BOOT_UNIT), enabled, and the module payloads' bytecode cache (ANSIBALLZ_BYTECODE)."""
     podman("exec", name, "mkdir", "-p", SIM_LIB)
     for file in SIM_LIB_FILES:
         podman("cp", str(Path(__file__).resolve().parents[1] / "gpu" / file), f"{name}:{SIM_LIB}/{file}")
@@ -478,6 +481,10 @@ def install_sim_tools(name: str) -> None:
     podman("exec", name, "python3", "-c", WRITE_FILE, unit, LAB_BOOT_UNIT)
     podman("exec", name, "sh", "-c", f"chmod 0755 {SIM_LIB}/lspci && ln -sf {SIM_LIB}/lspci /usr/bin/lspci && "
            f"ln -sf {unit} /etc/systemd/system/multi-user.target.wants/ && systemctl daemon-reload")
+    # The bytecode of Ansible's module payloads, kept across tasks (a lab speed-up only: sim/lab/ansiballz_bytecode.py)
+    podman("cp", str(Path(__file__).with_name("ansiballz_bytecode.py")), f"{name}:{ANSIBALLZ_BYTECODE}.py")
+    podman("exec", name, "python3", "-c", WRITE_FILE, f"{ANSIBALLZ_BYTECODE}.pth",
+           f"import {Path(ANSIBALLZ_BYTECODE).name}\n")
 
 
 def set_p2p(host: str, options: list[str], reboot_after: bool = False) -> None:

@@ -33,8 +33,11 @@ def test_up_installs_the_pcie_model_and_the_boot_unit_and_restores_the_default(m
     ran = recorded(monkeypatch, lab)
     lab.prepare_host("moefleet-lab-1")
     copied = [args[2].split(":", 1)[1] for args in ran if args[0] == "cp"]
-    assert copied == [f"/usr/local/lib/moefleet-sim/{f}" for f in ("pci_tree.py", "pcie_sim.py", "p2p_backend.py",
-                                                                    "lspci")]
+    assert copied == [*(f"/usr/local/lib/moefleet-sim/{f}" for f in ("pci_tree.py", "pcie_sim.py", "p2p_backend.py",
+                                                                      "lspci")),
+                      "/usr/lib/python3/dist-packages/moefleet_lab_ansiballz_bytecode.py"]
+    pth = next(args for args in ran if "/usr/lib/python3/dist-packages/moefleet_lab_ansiballz_bytecode.pth" in args)
+    assert pth[-1] == "import moefleet_lab_ansiballz_bytecode\n"  # site runs a .pth line that starts with import
     assert all(Path(args[1]).is_file() for args in ran if args[0] == "cp")
     unit = next(args for args in ran if "/etc/systemd/system/moefleet-lab-boot.service" in args)[-1]
     assert "cat /proc/sys/kernel/random/uuid > /run/sim-gpu/boot_id" in unit

@@ -1,0 +1,73 @@
+"""sim/lab/ansiballz_bytecode.py, the lab hosts' cache of compiled module payloads: a payload imported from a second
+directory runs from the cache under its own file name; a changed source is compiled again, never served from the
+cache; a zip that is not a module payload, and a cache that cannot be written, are zipimport's business as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Run in a fresh interpreter, as the .pth line lab.py installs does: the hook first, then the payload on sys.path.
+PROBE = """
+import json, sys, traceback
+sys.path.insert(0, {lab!r})
+import ansiballz_bytecode
+sys.path.insert(0, {zip!r})
+import pkg.mod
+try:
+    pkg.mod.boom()
+except RuntimeError:
+    where = traceback.extract_tb(sys.exc_info()[2])[-1].filename
+print(json.dumps({{"loader": type(pkg.mod.__loader__).__name__, "file": pkg.mod.__file__, "raised_in": where,
+                  "says": pkg.mod.SAYS}}))
+"""
+
+
+def payload(path: Path, says: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("pkg/__init__.py", "")
+        z.writestr("pkg/mod.py", f"SAYS = {says!r}\n\n\ndef boom():\n    raise RuntimeError(SAYS)\n")
+    return path
+
+
+def run(zip_path: Path, cache: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE.format(lab=str(ROOT / "sim" / "lab"), zip=str(zip_path))],
+                          env=dict(os.environ, MOEFLEET_LAB_ANSIBALLZ_CACHE=str(cache)), capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_second_run_uses_the_cache_under_its_own_file_name(tmp_path):
+    cache = tmp_path / "cache"
+    first = run(payload(tmp_path / "a" / "ansible_x_payload.zip", "one"), cache)
+    kept = sorted(cache.iterdir())
+    assert len(kept) == 2 and first["loader"] == "PayloadImporter"  # pkg/__init__.py and pkg/mod.py
+    os.utime(kept[1], (1, 1))  # read back, not written again
+    second = run(payload(tmp_path / "b" / "ansible_x_payload.zip", "one"), cache)
+    assert sorted(cache.iterdir()) == kept and kept[1].stat().st_mtime == 1
+    where = str(tmp_path / "b" / "ansible_x_payload.zip" / "pkg" / "mod.py")
+    assert (second["file"], second["raised_in"], second["says"]) == (where, where, "one")
+
+
+def test_a_changed_source_is_compiled_again(tmp_path):
+    cache = tmp_path / "cache"
+    run(payload(tmp_path / "a" / "ansible_x_payload.zip", "one"), cache)
+    assert run(payload(tmp_path / "b" / "ansible_x_payload.zip", "two"), cache)["says"] == "two"
+    assert len(list(cache.iterdir())) == 3
+
+
+def test_other_zips_and_an_unwritable_cache_are_left_to_zipimport(tmp_path):
+    cache = tmp_path / "cache"
+    other = run(payload(tmp_path / "a" / "library.zip", "one"), cache)
+    assert other["loader"] == "zipimporter" and not cache.exists()
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory would be")
+    done = run(payload(tmp_path / "b" / "ansible_x_payload.zip", "one"), blocked / "cache")
+    assert (done["loader"], done["says"]) == ("PayloadImporter", "one")
