@@ -7,21 +7,13 @@ import resource
 import time
 
 import pytest
+from figures import print_figures  # tests/figures.py: `figure:` lines
 from suite import CPUACCT, suite_job_of  # tests/suite.py: the lab hosts' cgroup counters and their job's label
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The figures tests measured, printed at the end of the pytest run. pytest shows a passing test's output nowhere,
-    and the suite (tests/suite.py) keeps each job's output in its log, so a test hands its figure over with
-    record_property("figure", text) and this prints one line per figure after the run: `figure: <text>`.
-    tests/suite.py echoes those lines when the job ends, so they reach CI's output."""
-    lines = [value for reports in terminalreporter.stats.values() for report in reports
-             if getattr(report, "when", None) == "call"
-             for name, value in getattr(report, "user_properties", ()) if name == "figure"]
-    if lines:
-        terminalreporter.write_sep("-", "figures measured")
-        for line in lines:
-            terminalreporter.write_line(f"figure: {line}")
+    """The figures tests measured (tests/figures.py), then what each lab test cost."""
+    print_figures(terminalreporter)
     if _COSTS:
         terminalreporter.write_sep("-", "what each lab test cost (wall, CPU on the controller, CPU in its lab hosts)")
         per_file: dict[str, list[float]] = {}

@@ -32,19 +32,30 @@ def run_playbook(inventory: str | Path, playbook: str | Path, *extra_vars: str, 
     return subprocess.run([*cmd, *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-_LAB_MODULE_LOCK = threading.Lock()
+_MODULE_LOCK = threading.Lock()
+
+
+def _loaded(name: str, path: Path):
+    """The Python file at PATH as module NAME, loaded once."""
+    with _MODULE_LOCK:  # tests/suite.py's CPU sampler asks from its own thread: never a half-loaded module
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return sys.modules[name]
 
 
 def lab_module():
-    """sim/lab/lab.py as a module (loaded once): its ssh_config_path() is the one place that says where the
-    ssh_config of an inventory's hosts lives."""
-    with _LAB_MODULE_LOCK:  # tests/suite.py's CPU sampler asks from its own thread: never a half-loaded module
-        if "moefleet_lab" not in sys.modules:
-            spec = importlib.util.spec_from_file_location("moefleet_lab", ROOT / "sim" / "lab" / "lab.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["moefleet_lab"] = module
-            spec.loader.exec_module(module)
-        return sys.modules["moefleet_lab"]
+    """sim/lab/lab.py as a module: its ssh_config_path() is the one place that says where the ssh_config of an
+    inventory's hosts lives."""
+    return _loaded("moefleet_lab", ROOT / "sim" / "lab" / "lab.py")
+
+
+def bench_module():
+    """tests/bench/run.py (`make bench`) as a module (its name, run, is too common to import by path entry): the lab
+    tests that run a bench part's measurement at its smallest size print its row with it."""
+    return _loaded("moefleet_bench_run", ROOT / "tests" / "bench" / "run.py")
 
 
 def ssh_config_path(inventory: str | Path) -> Path:

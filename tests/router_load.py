@@ -9,7 +9,9 @@ own thread, each a POST URL/v1/chat/completions with "stream": true read to its 
 fails when it gets no 200, the stream breaks, or [DONE] never comes. Prints (or writes to --json) the
 counts, the p50/p99 end-to-end latency and each failure's reason. With a key, each request sends
 `Authorization: Bearer KEY` (read from a file on the command line: never in the process list). Standard library only.
-Used by tests/integration/test_router_lab.py and the rollout part of tests/bench/run.py.
+`under_load` runs a command (a rollout) with such loads one after another from its start to its end: the router lab
+(tests/integration/test_router_lab.py) and the rollout part of the bench (tests/bench/run.py, part e) measure their
+rollouts with it.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from typing import IO
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -115,6 +120,37 @@ class Load:
                 "p50_s": round(p50, 3) if p50 is not None else None,
                 "p99_s": round(p99, 3) if p99 is not None else None,
                 "wall_s": round(self.ended - self.started, 1), "failures": reasons}
+
+
+def under_load(cmd: list[str], urls: str | list[str], *, chunk: int, rate: float, max_tokens: int, api_key: str = "",
+               cwd: str | None = None, env: dict | None = None, output: IO | int = subprocess.DEVNULL,
+               ready: Callable[[], bool] | None = None) -> tuple[int, dict]:
+    """Runs CMD (a rollout) with bounded loads of CHUNK requests at RATE to URLS, one after another, from its start
+    to its end, and at least one whole chunk (ready: from the moment ready() first holds instead, while CMD runs).
+    CMD's output goes to ``output``: a file, not a pipe read at the end, which fills and stops the playbook.
+    Returns CMD's exit code and the totals: sent, ok, failed, failures by reason, p99_s of the requests answered
+    (None for none), rollout_s (CMD's wall time)."""
+    totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
+    latencies: list[float] = []
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=output, stderr=subprocess.STDOUT)
+    chunks = 0
+    while proc.poll() is None or not chunks:
+        if ready is not None and not chunks and proc.poll() is None and not ready():
+            time.sleep(1)
+            continue
+        load = Load(urls, chunk, rate, max_tokens, api_key=api_key).start()
+        summary = load.result()
+        chunks += 1
+        latencies += [lat for good, lat, _ in load.results if good]
+        for key in ("sent", "ok", "failed"):
+            totals[key] += summary[key]
+        for why, n in summary["failures"].items():
+            totals["failures"][why] = totals["failures"].get(why, 0) + n
+    rc = proc.wait()
+    totals["rollout_s"] = round(time.monotonic() - started, 1)
+    totals["p99_s"] = percentile(latencies, 99)
+    return rc, totals
 
 
 def main() -> int:

@@ -205,10 +205,14 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
             pending.remove(name)
             log = LOGS / f"{name}.log"
             print(f"suite: {name} started (log: {log.relative_to(ROOT)})", flush=True)
+            figures = LOGS / f"{name}.figures"
+            figures.unlink(missing_ok=True)
             with open(log, "w") as out:
-                # the venv's tools first on PATH (molecule runs ansible-config by name), as make sets it
+                # the venv's tools first on PATH (molecule runs ansible-config by name), as make sets it; the job's
+                # pytest runs, a molecule scenario's verify step's too, write their figures to MOEFLEET_FIGURES as well
+                # (tests/figures.py)
                 env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                           MOEFLEET_SUITE_JOB=name)
+                           MOEFLEET_SUITE_JOB=name, MOEFLEET_FIGURES=str(figures))
                 proc = subprocess.Popen(JOBS[name], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True, env=env)
             running[name] = (proc, time.monotonic())
@@ -224,11 +228,11 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
             took[name] = time.monotonic() - since
             verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             print(f"suite: {name} {verdict} in {took[name] / 60:.1f} min", flush=True)
-            # A job's log stays on disk; the figures its tests print (tests/conftest.py; the OOM detection
-            # p50/p95) are echoed here so that they are in CI's output.
-            for line in (LOGS / f"{name}.log").read_text(errors="replace").splitlines():
-                if line.startswith("figure: "):
-                    print(f"suite: {name} {line}", flush=True)
+            # A job's log stays on disk; the figures its tests measured (tests/figures.py; the OOM detection
+            # p50/p95, the bench parts' smoke rows) are echoed here so that they are in CI's output.
+            with contextlib.suppress(FileNotFoundError):
+                for line in (LOGS / f"{name}.figures").read_text(errors="replace").splitlines():
+                    print(f"suite: {name} figure: {line}", flush=True)
             if proc.returncode != 0 and keep_going:
                 failed_too.append(name)
             elif proc.returncode != 0 and failed is None:

@@ -27,7 +27,9 @@
 ``--smoke`` runs each part named once at its smallest size (a: one OOM unless ``--runs`` says more, the uri loop
 giving up after 2 s; b: one host; c: one fault class; d: one profile at concurrency 1; e: as is) and exits 1 when a
 part measured nothing (no number, no OOM detected), naming it; it never judges how fast.
-tests/bench/test_bench_smoke.py runs part a that way (20 OOMs) in `make unit` and `make test`, and prints p50/p95.
+tests/bench/test_bench_smoke.py runs part a that way (20 OOMs) in `make unit` and `make test`, and prints p50/p95;
+the lab parts run in `make test` inside lab tests that do what they measure, through rollout_row (b), rollback_row
+(c), --sweep-report (d) and tests/router_load.py's under_load with router_row (e): tests/bench/README.md says where.
 
 A run that is not a smoke run ends by comparing its figures with tests/bench/baseline.json and naming each figure
 that got worse by more than its tolerance (TOLERANCES, each with its reason); it prints, it does not fail: see
@@ -52,6 +54,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +78,7 @@ WATCH_EVERY = 0.005  # seconds between the watcher's reads of the log file
 MODULE_TIMEOUT = 30  # the module's own timeout in this bench (the role's default is 2700 s)
 BASELINE_TIMEOUT = 15.0  # the uri loop's give-up time, capped below MODULE_TIMEOUT to keep the bench short
 BASELINE_DELAY = 1.0  # seconds between the uri loop's tries (`until:` ... `delay: 1`)
+E_CHUNK, E_RATE, E_MAX_TOKENS = 20, 5.0, 200  # (e): requests per load chunk, started per second, tokens each
 SMOKE_BASELINE_TIMEOUT = 2.0  # --smoke: the uri loop only has to show that it gives up
 
 # --smoke: what a part failed to measure, one sentence each; main() exits 1 when any is here.
@@ -440,66 +444,111 @@ def rollout_bench(smoke: bool = False) -> None:
     subprocess.run([sys.executable, str(ROOT / "sim" / "mirrors" / "build.py")], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
     print("## (b) rollout wall time (playbooks/rollout.yml -e profile=tp8, serial [1, 25%, 100%], forks 16)")
-    print(f"{'hosts':>5}  {'rollout s':>9}  {'s/host':>7}  {'x 1 host':>8}  {'rerun s':>8}  {'x 1 host':>8}  rc")
+    print(ROLLOUT_HEADER)
     base = None
     try:
         for hosts in map(int, ("1" if smoke else os.environ.get("MOEFLEET_BENCH_HOSTS", "1 2 4 8")).split()):
             _fresh_lab(inventory, hosts)
-            cold, rc1 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
-            warm, rc2 = _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")
-            measured(rc1 == rc2 == 0, f"(b): the rollout to {hosts} host(s) or its rerun failed (rc {rc1}, {rc2})")
-            base = base or (cold, warm)
-            if rc1 == rc2 == 0:
-                figure(f"b.rollout_s.{hosts}_hosts", round(cold, 1))
-                figure(f"b.rerun_s.{hosts}_hosts", round(warm, 1))
-            print(f"{hosts:>5}  {cold:>9.1f}  {cold / hosts:>7.1f}  {cold / base[0]:>8.2f}  {warm:>8.1f}  "
-                  f"{warm / base[1]:>8.2f}  {rc1},{rc2}", flush=True)
+            row = rollout_row(lambda: _playbook(inventory, "playbooks/rollout.yml", "profile=tp8")[1], hosts, base)
+            base = base or (row["rollout_s"], row["rerun_s"])
+            print(row["row"], flush=True)
         print()
         print("## (c) rollback time per fault class (deploy.yml on one host serving tp2ep4, asked profile fails)")
-        print(f"{'fault':<16} {'asked':<7} {'seconds':>7}  rc  ends on")
+        print(ROLLBACK_HEADER)
         _fresh_lab(inventory, 1)
         _playbook(inventory, "deploy.yml", "profile=tp2ep4")
         faults = (("oom_weight_load", "tp8"), ("oom_kv_cache", "tp4ep2"), ("oom_cuda_graph", "ep8"),
                   ("hang", "tp8"), ("crash", "tp4ep2"), ("port_in_use", "ep8"))
+
+        def deploy(*extra: str) -> tuple[int, str]:
+            result = run_playbook(inventory, "deploy.yml", *extra)
+            return result.returncode, result.stdout
+
+        def facts() -> dict:
+            return json.loads(subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), "bench-1",
+                                              "cat /etc/ansible/facts.d/moefleet.fact"],
+                                             capture_output=True, text=True).stdout or "{}")
+
         for fault, asked in faults[:1] if smoke else faults:
             _playbook(inventory, "deploy.yml", "profile=tp2ep4")  # back to the same start each time
-            faults = json.dumps({"sim_faults": [{"fault": fault, "profile": asked}]})
-            seconds, rc = _playbook(inventory, "deploy.yml", f"profile={asked}", faults)
-            facts = subprocess.run(["ssh", "-F", str(ssh_config_path(inventory)), "bench-1",
-                                    "cat /etc/ansible/facts.d/moefleet.fact"], capture_output=True, text=True).stdout
-            ends = json.loads(facts or "{}")
-            print(f"{fault:<16} {asked:<7} {seconds:>7.1f}  {rc:>2}  {ends.get('serving_profile')} "
-                  f"({ends.get('outcome')})", flush=True)
-            measured(bool(ends.get("serving_profile")), f"(c): after {fault} on {asked} the host serves nothing known")
-            if ends.get("serving_profile"):
-                figure(f"c.rollback_s.{fault}", round(seconds, 1))
+            print(rollback_row(deploy, facts, fault, asked)["row"], flush=True)
     finally:
         _lab("down", "--name", "bench", "--inventory", str(inventory))
 
 
+ROLLOUT_HEADER = f"{'hosts':>5}  {'rollout s':>9}  {'s/host':>7}  {'x 1 host':>8}  {'rerun s':>8}  {'x 1 host':>8}  rc"
+
+
+def rollout_row(rollout: Callable[[], int], hosts: int, base: tuple[float, float] | None = None) -> dict:
+    """(b) One row: rollout() (a rollout to HOSTS hosts; its exit code) timed, then timed again: the no-change rerun.
+    BASE: the first row's two times (the x-1-host columns; this row's own when None). Records the figures when both
+    passed. Returns the two times, the two exit codes and the row of the table. The fleet scenario's last rollout and
+    its rerun run this way (molecule/fleet: the part's smoke run)."""
+    started = time.monotonic()
+    rc1 = rollout()
+    cold = time.monotonic() - started
+    started = time.monotonic()
+    rc2 = rollout()
+    warm = time.monotonic() - started
+    measured(rc1 == rc2 == 0, f"(b): the rollout to {hosts} host(s) or its rerun failed (rc {rc1}, {rc2})")
+    if rc1 == rc2 == 0:
+        figure(f"b.rollout_s.{hosts}_hosts", round(cold, 1))
+        figure(f"b.rerun_s.{hosts}_hosts", round(warm, 1))
+    base = base or (cold, warm)
+    row = (f"{hosts:>5}  {cold:>9.1f}  {cold / hosts:>7.1f}  {cold / base[0]:>8.2f}  {warm:>8.1f}  "
+           f"{warm / base[1]:>8.2f}  {rc1},{rc2}")
+    return {"rollout_s": cold, "rerun_s": warm, "rc": (rc1, rc2), "row": row}
+
+
+ROLLBACK_HEADER = f"{'fault':<16} {'asked':<7} {'seconds':>7}  rc  ends on"
+
+
+def rollback_row(deploy: Callable[..., tuple[int, str]], read_facts: Callable[[], dict], fault: str,
+                 asked: str) -> dict:
+    """(c) One fault class: deploy(*extra_vars) of the asked profile with the simulator failing its start with FAULT,
+    timed from its start to the play's end, then the host's local facts (read_facts()). Records the figure when the
+    host serves a profile after it. Returns the deploy's exit code and output, the seconds, the facts, and the row of
+    the table. The rollback scenario's weight-load OOM test deploys this way (the part's smoke run)."""
+    started = time.monotonic()
+    rc, output = deploy(f"profile={asked}", json.dumps({"sim_faults": [{"fault": fault, "profile": asked}]}))
+    seconds = time.monotonic() - started
+    ends = read_facts()
+    measured(bool(ends.get("serving_profile")), f"(c): after {fault} on {asked} the host serves nothing known")
+    if ends.get("serving_profile"):
+        figure(f"c.rollback_s.{fault}", round(seconds, 1))
+    row = (f"{fault:<16} {asked:<7} {seconds:>7.1f}  {rc:>2}  {ends.get('serving_profile')} "
+           f"({ends.get('outcome')})")
+    return {"rc": rc, "output": output, "seconds": seconds, "facts": ends, "row": row}
+
+
 def _rollout_under_load(inventory: Path, urls: list[str], *extra: str) -> tuple[dict, int]:
     """ansible-playbook playbooks/rollout.yml with bounded load chunks to URLS from its start to its end."""
-    from router_load import Load  # noqa: PLC0415  (tests/router_load.py)
+    from router_load import under_load  # noqa: PLC0415  (tests/router_load.py)
 
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
            str(ROOT / "playbooks" / "rollout.yml"), "-e", "confirm=yes", *(a for e in extra for a in ("-e", e))]
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latencies: list[float] = []
-    totals: dict = {"sent": 0, "failed": 0, "failures": {}}
-    while proc.poll() is None or totals["sent"] == 0:
-        # lab.py up --router gives the workers a key, as the example inventory does (the gateway forwards it)
-        load = Load(urls, 20, 5.0, 200, api_key="lab-worker-api-key-not-a-secret").start()
-        summary = load.result()
-        latencies += [lat for good, lat, _ in load.results if good]
-        totals["sent"] += summary["sent"]
-        totals["failed"] += summary["failed"]
-        for why, n in summary["failures"].items():
-            totals["failures"][why] = totals["failures"].get(why, 0) + n
-    totals["p99_s"] = percentile(latencies, 99) if latencies else None
-    totals["rollout_s"] = time.monotonic() - started
-    return totals, proc.wait()
+    # lab.py up --router gives the workers a key, as the example inventory does (the gateway forwards it)
+    rc, totals = under_load(cmd, urls, chunk=E_CHUNK, rate=E_RATE, max_tokens=E_MAX_TOKENS,
+                            api_key="lab-worker-api-key-not-a-secret", cwd=str(ROOT), env=env)
+    return totals, rc
+
+
+def router_row(path: str, totals: dict, rc: int) -> str:
+    """(e) One row of the table: a rollout under load by one path (``under_load``'s totals and the exit code);
+    records its figures when it measured something. The router lab's first rollout prints its row this way."""
+    measured(totals["sent"] > 0 and totals["p99_s"] is not None, f"(e) {path}: no request succeeded to time")
+    key = path.replace(" ", "_")
+    if totals["sent"] > 0 and totals["p99_s"] is not None and rc == 0:
+        figure(f"e.failed.{key}", totals["failed"])
+        figure(f"e.p99_s.{key}", round(totals["p99_s"], 2))
+        figure(f"e.rollout_s.{key}", round(totals["rollout_s"], 1))
+    p99 = f"{totals['p99_s']:.2f}" if totals["p99_s"] is not None else "-"
+    return (f"{path:<16} {totals['sent']:>5} {totals['failed']:>6} {p99:>6} {totals['rollout_s']:>9.1f}  {rc:>2}  "
+            f"{json.dumps(totals['failures'])}")
+
+
+ROUTER_HEADER = f"{'path':<16} {'sent':>5} {'failed':>6} {'p99 s':>6} {'rollout s':>9}  rc  failures"
 
 
 def _deployed(inventory: Path, extra: str) -> None:
@@ -535,8 +584,9 @@ def router_bench() -> None:
     direct = inventory.with_name("hosts-direct.yml")
     extra = json.dumps({"sglang_service_extra_env": {"SGLANG_SIM_FAULTS": "{{ _lab_sim_faults }}",
                                                      "SGLANG_SIM_SERVE_TIME_SCALE": "10"}})
-    print("## (e) rollout of ep8 to 3 hosts under streaming load (20 requests per 4 s chunk, 200 tokens each)")
-    print(f"{'path':<16} {'sent':>5} {'failed':>6} {'p99 s':>6} {'rollout s':>9}  rc  failures")
+    print(f"## (e) rollout of ep8 to 3 hosts under streaming load ({E_CHUNK} requests per {E_CHUNK / E_RATE:.0f} s "
+          f"chunk, {E_MAX_TOKENS} tokens each)")
+    print(ROUTER_HEADER)
     try:
         _lab("down", "--name", "bench", "--inventory", str(inventory))
         _lab("up", "--name", "bench", "--hosts", "3", "--router", "--inventory", str(inventory))
@@ -563,15 +613,7 @@ def router_bench() -> None:
         totals, rc = _rollout_under_load(inventory, [f"http://{router}:30000"], "profile=ep8", extra)
         rows.append(("through router", totals, rc))
         for path, t, rc in rows:
-            measured(t["sent"] > 0 and t["p99_s"] is not None, f"(e) {path}: no request succeeded to time")
-            key = path.replace(" ", "_")
-            if t["sent"] > 0 and t["p99_s"] is not None and rc == 0:
-                figure(f"e.failed.{key}", t["failed"])
-                figure(f"e.p99_s.{key}", round(t["p99_s"], 2))
-                figure(f"e.rollout_s.{key}", round(t["rollout_s"], 1))
-            p99 = f"{t['p99_s']:.2f}" if t["p99_s"] is not None else "-"
-            print(f"{path:<16} {t['sent']:>5} {t['failed']:>6} {p99:>6} {t['rollout_s']:>9.1f}  {rc:>2}  "
-                  f"{json.dumps(t['failures'])}", flush=True)
+            print(router_row(path, t, rc), flush=True)
     finally:
         _lab("down", "--name", "bench", "--inventory", str(inventory))
         direct.unlink(missing_ok=True)

@@ -12,7 +12,6 @@ any user: the second test shows the simulator's CUDA init takes them. Parts (b) 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -21,16 +20,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from playbook import bench_module  # noqa: E402  (tests/playbook.py)
+
 RUN = ROOT / "tests" / "bench" / "run.py"
 RUNS = 20  # as make bench's default, so that the printed p95 is the statistic the baseline holds (not the max)
-
-
-def _bench():
-    """tests/bench/run.py as a module (its name, run, is too common to import by path entry)."""
-    spec = importlib.util.spec_from_file_location("moefleet_bench_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_part_a_detects_ooms_and_prints_p50_p95(tmp_path, record_property):
@@ -50,7 +44,7 @@ def test_part_a_detects_ooms_and_prints_p50_p95(tmp_path, record_property):
 
 
 def test_without_cap_mknod_the_simulator_still_opens_its_nodes(tmp_path, monkeypatch):
-    bench = _bench()
+    bench = bench_module()
 
     def no_mknod(root, gpus, proc_devices=None):
         raise PermissionError(1, "Operation not permitted", root)
@@ -70,7 +64,7 @@ def test_without_cap_mknod_the_simulator_still_opens_its_nodes(tmp_path, monkeyp
 
 
 def test_the_comparison_names_the_figure_that_got_worse():
-    bench = _bench()
+    bench = bench_module()
     baseline = {"measurements": [{"date": "d", "source": "s", "figures": {"a.p95_ms": 15.0, "a.p50_ms": 12.0}},
                                  {"date": "d", "source": "s", "figures": {"e.failed.through_router": 0}}]}
     now = {"a.p95_ms": 41.0, "a.p50_ms": 26.0, "e.failed.through_router": 1, "b.rerun_s.1_hosts": 9}
@@ -82,7 +76,7 @@ def test_the_comparison_names_the_figure_that_got_worse():
 
 
 def test_the_baseline_says_where_each_figure_came_from_and_each_has_a_tolerance():
-    bench = _bench()
+    bench = bench_module()
     baseline = json.loads(bench.BASELINE.read_text(encoding="utf-8"))
     names = [name for entry in baseline["measurements"] for name in entry["figures"]]
     assert {"a.p50_ms", "a.p95_ms", "a.max_ms"} <= set(names)

@@ -62,8 +62,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ansible_collections.moefleet.serving.plugins.modules import gateway_route  # noqa: E402
 from key_search import key_hits  # noqa: E402
-from playbook import ROOT, SERVE_ONLY, journal_times, on_host, run_playbook, ssh_config_path  # noqa: E402
-from router_load import Load, percentile  # noqa: E402
+from playbook import ROOT, SERVE_ONLY, bench_module, journal_times, on_host, run_playbook, ssh_config_path  # noqa: E402
+from router_load import Load, under_load  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "callbacks"))
 from task_files import summarize  # noqa: E402  (tests/callbacks/task_files.py)
@@ -231,31 +231,14 @@ def _rollout_under_load(inventory: Path, router_url: str, *extra: str, client_ke
            *(SERVE_ONLY if serve_only else ()), "-e", "confirm=yes", "-e", EXTRA,
            *(a for e in extra for a in ("-e", e)),
            *(["-v"] if verbose else [])]
-    totals: dict = {"sent": 0, "ok": 0, "failed": 0, "failures": {}}
-    started = time.monotonic()
-    # Its output goes to a file: a pipe read only at the end fills up and stops the playbook.
     with (open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")) as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), text=True, stdout=log, stderr=subprocess.STDOUT)
-        chunks, latencies = [], []
-        while proc.poll() is None or not chunks:
-            if from_first_worker and not chunks and proc.poll() is None and not _serves_the_model(router_url):
-                time.sleep(1)
-                continue
-            load = Load(router_url, CHUNK, RATE, MAX_TOKENS, api_key=client_key).start()
-            chunk = load.result()
-            chunks.append(chunk)
-            latencies += [lat for good, lat, _ in load.results if good]
-            for key in ("sent", "ok", "failed"):
-                totals[key] += chunk[key]
-            for why, n in chunk["failures"].items():
-                totals["failures"][why] = totals["failures"].get(why, 0) + n
-        proc.wait()
+        rc, totals = under_load(cmd, router_url, chunk=CHUNK, rate=RATE, max_tokens=MAX_TOKENS, api_key=client_key,
+                                cwd=str(ROOT), env=_env(), output=log,
+                                ready=(lambda: _serves_the_model(router_url)) if from_first_worker else None)
         log.seek(0)
         out = log.read()
-    totals["rollout_s"] = round(time.monotonic() - started, 1)
-    totals["p99_s"] = percentile(latencies, 99)
     print(f"rollout {extra}: {totals}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, ""), totals
+    return subprocess.CompletedProcess(cmd, rc, out, ""), totals
 
 
 @pytest.fixture(scope="module")
@@ -307,8 +290,10 @@ def test_a_fleet_given_a_gateway_rolls_out_through_it_and_fails_no_request(route
     with pytest.raises(urllib.error.URLError):
         _router_workers(router_url)  # no gateway yet
     result, load = _rollout_under_load(inventory, router_url, "profile=ep8", from_first_worker=True)
-    record_property("figure", f"router lab: a fleet given a gateway, rolled out under load through it: {load['ok']} "
-                              f"of {load['sent']} answered, {load['failed']} failed, {load['rollout_s']} s")
+    # bench part (e)'s row for this rollout (its smoke run: the bench measures the same way, tests/router_load.py)
+    record_property("figure", f"bench (e) smoke, ep8 rolled out to 3 workers through a new gateway under load "
+                              f"({CHUNK} requests per {CHUNK / RATE:.0f} s chunk): "
+                              + " ".join(bench_module().router_row("through router", load, result.returncode).split()))
     assert result.returncode == 0, result.stdout[-4000:]
     assert load["failed"] == 0 and load["sent"] >= CHUNK, load
     hosts = _status(inventory, tmp_path)

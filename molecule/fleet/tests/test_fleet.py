@@ -12,6 +12,7 @@ installed base included; the refusal 20 s, the rollout stopped at host 3 129 s, 
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import testinfra
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-from playbook import SERVE_ONLY, run_playbook, ssh_config_path  # noqa: E402
+from playbook import SERVE_ONLY, bench_module, run_playbook, ssh_config_path  # noqa: E402
 
 INVENTORY = Path(os.environ["MOEFLEET_LAB_INVENTORY"])
 HOSTS = [f"fleet-{i}" for i in range(1, 5)]
@@ -76,13 +77,30 @@ def test_oom_on_host3_stops_the_rollout_after_its_batch(tmp_path):
     assert serving("fleet-4") == untouched_before
 
 
-def test_rerun_without_the_fault_completes(tmp_path):
+def test_rerun_without_the_fault_completes(tmp_path, record_property):
     FAULTY.unlink()
-    code, out = rollout(tmp_path / "rerun", "profile=tp4ep2", "confirm=yes",
-                        json.dumps({"moefleet_serial": [1, 2, "100%"]}))
+    runs: list[tuple[Path, int, str]] = []
+
+    def run() -> int:
+        report = tmp_path / f"rerun-{len(runs) + 1}"
+        runs.append((report, *rollout(report, "profile=tp4ep2", "confirm=yes",
+                                      json.dumps({"moefleet_serial": [1, 2, "100%"]}))))
+        return runs[-1][1]
+
+    # The rollout, then the same again with nothing to change: `make bench` part (b)'s row (tests/bench/run.py's
+    # rollout_row) on this fleet, the part's smoke run (the bench's own runs start from bare hosts).
+    row = bench_module().rollout_row(run, len(HOSTS))
+    (report_path, code, out), (again_path, again_code, again_out) = runs
     assert code == 0, out[-4000:]
-    report = rows(tmp_path / "rerun")
+    report = rows(report_path)
     assert report["_result"] == "complete"
     for name in HOSTS:
         assert report[name]["serving_profile"] == "tp4ep2"
         assert serving(name)[:2] == ("tp4ep2", 2)
+    # the rerun changes nothing on any host
+    assert again_code == 0, again_out[-4000:]
+    assert rows(again_path)["_result"] == "complete"
+    recaps = dict(re.findall(r"^(fleet-\d)\s*:\s*ok=\d+\s+changed=(\d+)", again_out, re.M))
+    assert recaps == dict.fromkeys(HOSTS, "0"), again_out[-4000:]
+    record_property("figure", f"bench (b) smoke, a serve-only rollout switching 2 of {len(HOSTS)} hosts, then its "
+                              f"rerun (hosts, rollout s, s/host, x, rerun s, x, rc): {' '.join(row['row'].split())}")

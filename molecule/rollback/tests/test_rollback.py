@@ -21,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 from fault_deploys import deploy, facts, faults, invocation, serving_args  # noqa: E402
+from playbook import bench_module  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,11 +34,17 @@ def serving_the_labs_profile(host):
     assert (f["asked_profile"], f["serving_profile"]) == ("tp2ep4", "tp2ep4"), f
 
 
-def test_weight_load_oom_falls_back_down_the_ladder(host):
+def test_weight_load_oom_falls_back_down_the_ladder(host, record_property):
     # sglang_service_rollback=true as -e passes it: a string, which ansible-core 2.19 refuses as a bare
     # conditional ("Conditionals must have a boolean result"), so the rescue must convert it.
-    rc, out, _ = deploy("profile=tp8", "sglang_service_rollback=true", faults(("oom_weight_load", "tp8")))
+    # The deploy is `make bench` part (c)'s first row (tests/bench/run.py's rollback_row), from the same start
+    # (tp2ep4 serving, the fixture), serve-only here: the part's smoke run.
+    row = bench_module().rollback_row(lambda *extra: deploy(*extra, "sglang_service_rollback=true")[:2],
+                                      lambda: facts(host), "oom_weight_load", "tp8")
+    rc, out = row["rc"], row["output"]
     assert rc == 0, out[-3000:]
+    record_property("figure", f"bench (c) smoke, a serve-only deploy from tp2ep4: {' '.join(row['row'].split())} "
+                              f"in {row['seconds']:.1f} s")
     assert "DEGRADED" in out
     f = facts(host)
     assert (f["asked_profile"], f["serving_profile"], f["outcome"]) == ("tp8", "ep8", "degraded")
