@@ -8,11 +8,13 @@ report), and tests/integration/test_rollout_status_lab.py checks a clean one's r
 others lack.
 
 Cost (a fresh-clone make test, beside two other jobs): 10.8 minutes for the scenario with that test, converge on the
-installed base included; the refusal 20 s, the rollout stopped at host 3 129 s, the rerun 128 s."""
+installed base included; the refusal 20 s, the rollout stopped at host 3 129 s, the rerun 128 s. The rerun is `make
+bench` part (b)'s smoke run too; its no-change rerun after it, which the bench also times, made the scenario 14.2
+minutes long in make test (fresh-clone CI4, 2026-12-06: the rollout 141 s, the no-change rerun 190 s) and is left
+out."""
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -79,28 +81,22 @@ def test_oom_on_host3_stops_the_rollout_after_its_batch(tmp_path):
 
 def test_rerun_without_the_fault_completes(tmp_path, record_property):
     FAULTY.unlink()
-    runs: list[tuple[Path, int, str]] = []
-
+    runs: list[tuple[int, str]] = []
+    report_path = tmp_path / "rerun"
+    # `make bench` part (b)'s row (tests/bench/run.py's rollout_row) for this rollout: the part's smoke run (the bench's
+    # own runs start from bare hosts and time a no-change rerun too, which costs this scenario 3 minutes: left out)
     def run() -> int:
-        report = tmp_path / f"rerun-{len(runs) + 1}"
-        runs.append((report, *rollout(report, "profile=tp4ep2", "confirm=yes",
-                                      json.dumps({"moefleet_serial": [1, 2, "100%"]}))))
-        return runs[-1][1]
+        runs.append(rollout(report_path, "profile=tp4ep2", "confirm=yes",
+                            json.dumps({"moefleet_serial": [1, 2, "100%"]})))
+        return runs[-1][0]
 
-    # The rollout, then the same again with nothing to change: `make bench` part (b)'s row (tests/bench/run.py's
-    # rollout_row) on this fleet, the part's smoke run (the bench's own runs start from bare hosts).
-    row = bench_module().rollout_row(run, len(HOSTS))
-    (report_path, code, out), (again_path, again_code, again_out) = runs
+    row = bench_module().rollout_row(run, len(HOSTS), rerun=False)
+    ((code, out),) = runs
     assert code == 0, out[-4000:]
     report = rows(report_path)
     assert report["_result"] == "complete"
     for name in HOSTS:
         assert report[name]["serving_profile"] == "tp4ep2"
         assert serving(name)[:2] == ("tp4ep2", 2)
-    # the rerun changes nothing on any host
-    assert again_code == 0, again_out[-4000:]
-    assert rows(again_path)["_result"] == "complete"
-    recaps = dict(re.findall(r"^(fleet-\d)\s*:\s*ok=\d+\s+changed=(\d+)", again_out, re.M))
-    assert recaps == dict.fromkeys(HOSTS, "0"), again_out[-4000:]
-    record_property("figure", f"bench (b) smoke, a serve-only rollout switching 2 of {len(HOSTS)} hosts, then its "
-                              f"rerun (hosts, rollout s, s/host, x, rerun s, x, rc): {' '.join(row['row'].split())}")
+    record_property("figure", f"bench (b) smoke, a serve-only rollout switching 2 of {len(HOSTS)} hosts (hosts, "
+                              f"rollout s, s/host, x 1 host, rerun s, x, rc): {' '.join(row['row'].split())}")
