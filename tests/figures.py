@@ -19,7 +19,8 @@ def print_figures(terminalreporter) -> None:
         terminalreporter.write_sep("-", "figures measured")
         for line in lines:
             terminalreporter.write_line(f"figure: {line}")
-        if os.environ.get("MOEFLEET_FIGURES"):
+        # not from a pytest-xdist worker: the run's controller writes what its workers measured, once
+        if os.environ.get("MOEFLEET_FIGURES") and not os.environ.get("PYTEST_XDIST_WORKER"):
             with open(os.environ["MOEFLEET_FIGURES"], "a", encoding="utf-8") as out:
                 out.writelines(f"{' '.join(line.split())}\n" for line in lines)
 
