@@ -22,9 +22,18 @@ def _run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
                     f"{result.stderr[-3000:]}")
 
 
+def _hosts_needed(session: pytest.Session) -> int:
+    """Two (itest-1, itest-2), unless every lab test of the session is in a module whose LAB_HOSTS says it needs
+    fewer: make check's lab-deploy job runs test_deploy_trace_lab.py alone, on itest-1 (a host less to boot and
+    prepare)."""
+    modules = {item.module for item in session.items if item.get_closest_marker("lab")}
+    return max((getattr(module, "LAB_HOSTS", 2) for module in modules), default=2)
+
+
 @pytest.fixture(scope="session")
-def lab_inventory(tmp_path_factory: pytest.TempPathFactory):
-    """A private two-host lab (itest-1, itest-2), fresh for the session: its inventory path."""
+def lab_inventory(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """A private lab of two hosts (itest-1, itest-2; one where the session's tests need only itest-1), fresh for
+    the session: its inventory path."""
     if not shutil.which("podman") and not shutil.which("apt-get"):
         pytest.skip("the lab needs podman (sim/lab/lab.py installs it with apt-get)")
     base = tmp_path_factory.mktemp("lab")
@@ -35,7 +44,8 @@ def lab_inventory(tmp_path_factory: pytest.TempPathFactory):
     _run(sys.executable, ROOT / "sim" / "mirrors" / "build.py")
     # from the installed-base image (lab.py installed): the install path runs from bare in molecule's default and
     # install scenarios
-    _run(sys.executable, LAB_PY, "up", "--name", "itest", "--hosts", "2", "--installed", "--inventory", inventory)
+    _run(sys.executable, LAB_PY, "up", "--name", "itest", "--hosts", str(_hosts_needed(request.session)),
+         "--installed", "--inventory", inventory)
     _run(VENV_BIN / "ansible-playbook", "-i", inventory, ROOT / "sim" / "playbooks" / "prepare.yml", env=env)
     yield inventory
     _run(sys.executable, LAB_PY, "down", "--name", "itest", "--inventory", inventory)

@@ -35,6 +35,7 @@ from playbook import SERVE_ONLY, on_host, run_playbook  # noqa: E402  (tests/pla
 from task_files import summarize  # noqa: E402  (tests/callbacks/task_files.py)
 
 HOST = "itest-1"
+LAB_HOSTS = 1  # the lab_inventory fixture's hosts this file needs: itest-1 (--limit in deploy())
 ROLE = "roles/sglang_service/"
 
 
