@@ -43,6 +43,13 @@ def _pytest(*args: str) -> list[str]:
     return [str(BIN / "pytest"), "-q", "-p", "no:cacheprovider", *args]
 
 
+# The module payloads Ansible runs on the controller (connection local, delegate_to localhost) keep their bytecode
+# between tasks, as the lab hosts' do: a lab speed-up only (sim/lab/controller/sitecustomize.py).
+CONTROLLER_BYTECODE = {
+    "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "sim" / "lab" / "controller"), os.environ.get("PYTHONPATH"))
+                                  if p),
+    "MOEFLEET_LAB_ANSIBALLZ_CACHE": str(ROOT / ".lab" / "ansiballz-controller"),
+}
 ROUTER_LAB = "tests/integration/test_router_lab.py"
 SIM_TESTS = ("tests/sim", "tests/sim_hub", "tests/sim_mirrors", "tests/bench")
 SIM_SELECTION = ("-m", "not lab and not oracle", *SIM_TESTS)
@@ -212,7 +219,7 @@ def run(names: list[str], slots: int, keep_going: bool = False) -> int:
                 # pytest runs, a molecule scenario's verify step's too, write their figures to MOEFLEET_FIGURES as well
                 # (tests/figures.py)
                 env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                           MOEFLEET_SUITE_JOB=name, MOEFLEET_FIGURES=str(figures))
+                           MOEFLEET_SUITE_JOB=name, MOEFLEET_FIGURES=str(figures), **CONTROLLER_BYTECODE)
                 proc = subprocess.Popen(JOBS[name], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True, env=env)
             running[name] = (proc, time.monotonic())
