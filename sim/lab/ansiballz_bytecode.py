@@ -1,4 +1,5 @@
-"""Lab hosts only: keep the compiled code of Ansible's module payloads, as Python keeps every installed module's.
+"""Lab hosts and the suite's controller only: keep the compiled code of Ansible's module payloads, as Python keeps
+every installed module's.
 
 Each task Ansible runs on a host arrives as a zip of Python sources (AnsiballZ: the module and the module_utils it
 imports) that the host's Python imports from a new temporary directory. zipimport finds no bytecode in it and compiles
@@ -7,12 +8,13 @@ every source again, at each task, and it compiles each module twice (once to nam
 hosts that share its two cores with the controller.
 
 sim/lab/lab.py installs this file on every lab host beside a .pth line that imports it (site runs it at every start of
-the system's Python; a venv's Python does not read it). It puts one importer in front of zipimport's for the paths of a
-module payload (`…_payload.zip`, the name Ansible gives it) that answers as zipimport does but keeps each compiled
-source under CACHE, keyed by the source's hash and the interpreter's bytecode version, and gives the code the file
-name of this run's payload. The modules run the same code: only the compiling is skipped. Anything it cannot do (a
-source it cannot read, a cache it cannot write) falls back to zipimport's own behaviour. Real hosts compile the payload
-at each task; the per-task CPU the lab measures is therefore lower than a real host's by that much.
+the system's Python; a venv's Python does not read it); tests/suite.py has the controller's Python import it too
+(sim/lab/controller/sitecustomize.py, with CACHE from the environment). It puts one importer in front of zipimport's
+for the paths of a module payload (`…_payload.zip`, the name Ansible gives it) that answers as zipimport does but
+keeps each compiled source under CACHE, keyed by the source's hash and the interpreter's bytecode version, and gives
+the code the file name of this run's payload. The modules run the same code: only the compiling is skipped. Anything
+it cannot do (a source it cannot read, a cache it cannot write) falls back to zipimport's own behaviour. Real hosts
+compile the payload at each task; the per-task CPU the lab measures is therefore lower than a real host's by that much.
 """
 
 import _imp

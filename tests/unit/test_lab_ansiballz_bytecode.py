@@ -1,6 +1,7 @@
 """sim/lab/ansiballz_bytecode.py, the lab hosts' cache of compiled module payloads: a payload imported from a second
 directory runs from the cache under its own file name; a changed source is compiled again, never served from the
-cache; a zip that is not a module payload, and a cache that cannot be written, are zipimport's business as before."""
+cache; a zip that is not a module payload, and a cache that cannot be written, are zipimport's business as before;
+the suite's controller takes the importer from tests/suite.py's environment, and only there."""
 
 from __future__ import annotations
 
@@ -71,3 +72,25 @@ def test_other_zips_and_an_unwritable_cache_are_left_to_zipimport(tmp_path):
     blocked.write_text("a file where the cache directory would be")
     done = run(payload(tmp_path / "b" / "ansible_x_payload.zip", "one"), blocked / "cache")
     assert (done["loader"], done["says"]) == ("PayloadImporter", "one")
+
+
+def test_the_suites_controller_python_takes_the_importer_from_its_environment_only(tmp_path):
+    """tests/suite.py's environment (sim/lab/controller on PYTHONPATH, the cache's path) puts the importer in every
+    Python the suite starts; without the cache's path, or outside the suite, a payload is zipimport's."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from suite import CONTROLLER_BYTECODE  # noqa: PLC0415  (tests/suite.py, a script beside the tests)
+
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import pkg.mod; "
+             "print(type(pkg.mod.__loader__).__name__)")
+    zip_path = str(payload(tmp_path / "a" / "ansible_x_payload.zip", "one"))
+    cache = tmp_path / "cache"
+    suite_env = dict(os.environ, **{**CONTROLLER_BYTECODE, "MOEFLEET_LAB_ANSIBALLZ_CACHE": str(cache)})
+    loaders = {}
+    for name, env in {"suite": suite_env,
+                      "no cache path": {k: v for k, v in suite_env.items() if k != "MOEFLEET_LAB_ANSIBALLZ_CACHE"},
+                      "outside": {k: v for k, v in os.environ.items() if k != "MOEFLEET_LAB_ANSIBALLZ_CACHE"}}.items():
+        done = subprocess.run([sys.executable, "-c", probe, zip_path], env=env, capture_output=True, text=True,
+                              check=True)
+        loaders[name] = done.stdout.strip()
+    assert loaders == {"suite": "PayloadImporter", "no cache path": "zipimporter", "outside": "zipimporter"}
+    assert len(list(cache.iterdir())) == 2
