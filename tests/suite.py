@@ -79,7 +79,8 @@ JOBS: dict[str, list[str]] = {
     # (2026-12-06: 8.9 of 8.9 minutes). Not in make test, where it would run beside three lab jobs: there, in four
     # processes (CI17), the simulator's timing tests failed at a load average of 15.
     "sim-parallel": _pytest("-n", "2", "--dist", "loadfile", *SIM_SELECTION),
-    # make check's lab part: one traced deploy (the "lab" job runs the same file within the whole lab suite).
+    # make check's lab part: one traced deploy, on a lab of one host (the file's LAB_HOSTS; the "lab" job runs the
+    # same file within the whole lab suite, on two).
     "lab-deploy": _pytest("-m", "lab", "-s", "tests/integration/test_deploy_trace_lab.py"),
     # make test-upgrade: moefleet upgrade on a lab of its own (5-6 minutes; not in make test, whose 35 minutes it
     # does not fit: tests/integration/test_upgrade_lab.py says why).
