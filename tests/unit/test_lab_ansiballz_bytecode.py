@@ -77,8 +77,7 @@ def test_other_zips_and_an_unwritable_cache_are_left_to_zipimport(tmp_path):
 def test_the_suites_controller_python_takes_the_importer_from_its_environment_only(tmp_path):
     """tests/suite.py's environment (sim/lab/controller on PYTHONPATH, the cache's path) puts the importer in every
     Python the suite starts; without the cache's path, or outside the suite, a payload is zipimport's."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from suite import CONTROLLER_BYTECODE  # noqa: PLC0415  (tests/suite.py, a script beside the tests)
+    from suite import CONTROLLER_BYTECODE  # noqa: PLC0415  (tests/suite.py: tests/ is on sys.path, tests/conftest.py)
 
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import pkg.mod; "
              "print(type(pkg.mod.__loader__).__name__)")
@@ -88,7 +87,8 @@ def test_the_suites_controller_python_takes_the_importer_from_its_environment_on
     loaders = {}
     for name, env in {"suite": suite_env,
                       "no cache path": {k: v for k, v in suite_env.items() if k != "MOEFLEET_LAB_ANSIBALLZ_CACHE"},
-                      "outside": {k: v for k, v in os.environ.items() if k != "MOEFLEET_LAB_ANSIBALLZ_CACHE"}}.items():
+                      # neither variable, even when this test itself runs inside the suite
+                      "outside": {k: v for k, v in os.environ.items() if k not in CONTROLLER_BYTECODE}}.items():
         done = subprocess.run([sys.executable, "-c", probe, zip_path], env=env, capture_output=True, text=True,
                               check=True)
         loaders[name] = done.stdout.strip()
